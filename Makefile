@@ -1,0 +1,29 @@
+# The two commands a fresh machine needs (see README.md):
+#   make demo   set up the simulated pair and run site.yml on it
+#   make test   lint, syntax-check and test everything
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: setup lint unit test demo sim-up sim-down
+
+$(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -e python_tools
+	touch $@
+
+setup: $(VENV)/.installed
+
+lint: setup
+	ruff check python_tools scripts
+	yamllint -s .
+	ansible-playbook -i inventory/example site.yml --syntax-check
+	ansible-lint --profile production
+
+unit: setup
+	cd python_tools && pytest -q
+
+test: lint unit
