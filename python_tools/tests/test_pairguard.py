@@ -1,0 +1,301 @@
+"""The pair guard's rules: from what it saw and what it did before, to what it does now."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twinspark import pairguard as pg
+from twinspark.pairguard import Action, Attempt, GuardState, Observation, Policy, Probe, Verdict
+
+POLICY = Policy(max_attempts=3, backoff_initial_s=30, backoff_max_s=300, flap_window_s=3600,
+                startup_grace_s=600, timeout_strikes=3)
+NOW = 1_000_000.0
+
+
+def healthy() -> Observation:
+    return Observation("active", "active", Probe.OK, "one token in 0.2 s", 120.0)
+
+
+# --- what vLLM really does when one rank dies (SIM.md "Fault behaviour") ---------------------------------------
+
+
+def test_worker_killed_while_idle_restarts_the_pair_even_though_the_head_looks_fine():
+    # The idle head keeps answering /health; only the worker's unit tells.
+    obs = Observation("active", "failed", Probe.SKIPPED, head_active_for_s=4000)
+    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    assert decision.action is Action.RESTART
+    assert "worker" in decision.reason and "failed" in decision.reason
+
+
+def test_worker_and_head_exited_with_status_zero_restarts_the_pair():
+    decision = pg.decide(Observation("inactive", "inactive"), GuardState(), POLICY, NOW)
+    assert decision.action is Action.RESTART
+    assert "head" in decision.reason and "worker" in decision.reason
+
+
+def test_head_killed_leaves_an_orphaned_worker_that_gets_restarted_with_it():
+    decision = pg.decide(Observation("failed", "active"), GuardState(), POLICY, NOW)
+    assert decision.action is Action.RESTART
+    assert "head" in decision.reason
+
+
+def test_a_failed_generation_with_both_units_active_restarts_the_pair():
+    obs = Observation("active", "active", Probe.ERROR, "HTTP 500", 4000)
+    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    assert decision.action is Action.RESTART
+    assert "HTTP 500" in decision.reason
+
+
+def test_rebooted_node_with_no_unit_running_restarts_the_pair():
+    decision = pg.decide(Observation("inactive", "active"), GuardState(), POLICY, NOW)
+    assert decision.action is Action.RESTART
+
+
+# --- patience --------------------------------------------------------------------------------------------------
+
+
+def test_healthy_pair_needs_nothing():
+    decision = pg.decide(healthy(), GuardState(), POLICY, NOW)
+    assert (decision.verdict, decision.action) == (Verdict.HEALTHY, Action.NONE)
+
+
+def test_unreachable_worker_waits_instead_of_restarting_half_a_pair():
+    decision = pg.decide(Observation("active", None), GuardState(), POLICY, NOW)
+    assert decision.action is Action.WAIT
+    assert "SSH" in decision.reason
+
+
+def test_young_head_that_is_not_ready_is_still_starting():
+    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=60)
+    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    assert (decision.verdict, decision.action) == (Verdict.STARTING, Action.WAIT)
+
+
+def test_head_not_ready_long_after_the_grace_is_stuck_and_restarted():
+    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=601)
+    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    assert decision.action is Action.RESTART
+    assert "601 s" in decision.reason
+
+
+@pytest.mark.parametrize("state", ["activating", "deactivating"])
+def test_a_unit_in_transition_is_left_alone(state):
+    assert pg.decide(Observation("active", state), GuardState(), POLICY, NOW).action is Action.WAIT
+    assert pg.decide(Observation(state, "active"), GuardState(), POLICY, NOW).action is Action.WAIT
+
+
+def test_timeouts_count_as_strikes_before_a_busy_pair_is_restarted():
+    state = GuardState()
+    slow = Observation("active", "active", Probe.TIMEOUT, "no token within 120 s", 4000)
+    actions = []
+    for _ in range(3):
+        decision = pg.decide(slow, state, POLICY, NOW)
+        actions.append(decision.action)
+        state = decision.state
+    assert actions == [Action.WAIT, Action.WAIT, Action.RESTART]
+
+
+def test_a_healthy_run_clears_timeout_strikes():
+    slow = Observation("active", "active", Probe.TIMEOUT, "no token within 120 s", 4000)
+    state = pg.decide(slow, GuardState(), POLICY, NOW).state
+    state = pg.decide(slow, state, POLICY, NOW).state
+    state = pg.decide(healthy(), state, POLICY, NOW).state
+    assert pg.decide(slow, state, POLICY, NOW).action is Action.WAIT
+
+
+# --- bounded restarts ------------------------------------------------------------------------------------------
+
+
+def broken() -> Observation:
+    return Observation("active", "inactive", head_active_for_s=4000)
+
+
+def test_backoff_doubles_with_recent_restarts_and_is_capped():
+    assert [POLICY.backoff_s(n) for n in range(6)] == [0, 30, 60, 120, 240, 300]
+
+
+def test_second_restart_waits_for_the_backoff():
+    state = pg.after_restart(GuardState(), NOW - 10, False, "worker inactive -> not serving", POLICY)
+    waiting = pg.decide(broken(), state, POLICY, NOW)
+    assert waiting.action is Action.WAIT
+    assert "next attempt in 20 s" in waiting.reason
+    assert pg.decide(broken(), state, POLICY, NOW + 21).action is Action.RESTART
+
+
+def test_restarts_that_keep_succeeding_still_slow_down_a_flapping_pair():
+    state = GuardState()
+    for at in (NOW - 100, NOW - 50):
+        state = pg.after_restart(state, at, True, "ok", POLICY)
+    assert state.failures_in_row == 0
+    # two recent restarts: 60 s after the latest (NOW - 50) is not yet over
+    assert pg.decide(broken(), state, POLICY, NOW).action is Action.WAIT
+    assert pg.decide(broken(), state, POLICY, NOW + 11).action is Action.RESTART
+
+
+def test_restarts_outside_the_flap_window_are_forgotten():
+    state = pg.after_restart(GuardState(), NOW - 7200, True, "ok", POLICY)
+    state = pg.after_restart(state, NOW - 10, True, "ok", POLICY)
+    assert [a.at for a in state.attempts] == [NOW - 10]
+
+
+def test_gives_up_loudly_after_max_failed_restarts_in_a_row():
+    state = GuardState()
+    for i in range(POLICY.max_attempts):
+        state = pg.after_restart(state, NOW - 10_000 + i, False, "not serving after 1800 s", POLICY)
+    decision = pg.decide(broken(), state, POLICY, NOW)
+    assert decision.action is Action.GIVE_UP
+    assert decision.state.gave_up_at == NOW
+    assert "3 ordered restarts in a row" in decision.reason
+    assert "restart.yml" in decision.reason
+    # and it stays given up on later runs, restarting nothing
+    later = pg.decide(broken(), decision.state, POLICY, NOW + 10_000)
+    assert later.action is Action.GAVE_UP
+
+
+def test_a_pair_repaired_by_an_operator_clears_the_give_up():
+    state = GuardState(failures_in_row=3, gave_up_at=NOW - 60, gave_up_reason="x")
+    decision = pg.decide(healthy(), state, POLICY, NOW)
+    assert decision.action is Action.NONE
+    assert (decision.state.gave_up_at, decision.state.failures_in_row) == (None, 0)
+    assert pg.decide(broken(), decision.state, POLICY, NOW + 1).action is Action.RESTART
+
+
+def test_a_successful_restart_resets_the_failure_count():
+    state = pg.after_restart(GuardState(), NOW - 500, False, "x", POLICY)
+    state = pg.after_restart(state, NOW - 400, True, "y", POLICY)
+    assert state.failures_in_row == 0
+    assert [a.ok for a in state.attempts] == [False, True]
+
+
+# --- the API as the env files describe it ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("bind", "url"), [
+    ("0.0.0.0", "http://127.0.0.1:8888"),
+    ("", "http://127.0.0.1:8888"),
+    ("::", "http://[::1]:8888"),
+    ("10.78.0.1", "http://10.78.0.1:8888"),
+    ("fd00::1", "http://[fd00::1]:8888"),
+])
+def test_probe_url_reaches_the_bind_address_from_the_head(bind, url):
+    assert pg.api_from_env({"VLLM_HOST": bind, "SERVED_MODEL_NAME": "m"}).url == url
+
+
+def test_probe_sends_the_first_of_several_keys_and_never_shows_it():
+    api = pg.api_from_env({"VLLM_PORT": "08080", "SERVED_MODEL_NAME": "m", "DSPARK_API_KEYS": "k1  k2",
+                           "MAX_MODEL_LEN": "512"})
+    assert api.url.endswith(":8080")
+    assert api.headers() == {"Authorization": "Bearer k1"}
+    assert api.max_model_len == 512
+    assert "k1" not in repr(api)
+
+
+def test_no_key_means_no_authorization_header():
+    assert pg.api_from_env({"SERVED_MODEL_NAME": "m", "VLLM_API_KEY": "  "}).headers() == {}
+
+
+def test_missing_served_name_names_the_variable():
+    with pytest.raises(ValueError, match="SERVED_MODEL_NAME"):
+        pg.api_from_env({"VLLM_PORT": "8888"})
+
+
+# --- systemctl and the state file ------------------------------------------------------------------------------
+
+
+def test_active_for_uses_the_monotonic_enter_timestamp():
+    props = pg.parse_show("ActiveState=active\nActiveEnterTimestampMonotonic=100000000\n")
+    assert pg.active_for_s(props, 160.0) == pytest.approx(60.0)
+    assert pg.active_for_s({"ActiveState": "inactive", "ActiveEnterTimestampMonotonic": "5"}, 160.0) is None
+
+
+def test_state_survives_a_round_trip_through_the_file(tmp_path):
+    path = tmp_path / "guard" / "state.json"
+    state = GuardState(attempts=(Attempt(NOW, False, "why"),), failures_in_row=1, gave_up_at=NOW,
+                       gave_up_reason="because", last={"action": "give_up"})
+    pg.save_state(path, state)
+    assert pg.load_state(path) == state
+    assert json.loads(path.read_text())["failures_in_row"] == 1
+
+
+def test_an_unreadable_state_file_starts_clean(tmp_path, capsys):
+    path = tmp_path / "state.json"
+    path.write_text("{truncated")
+    assert pg.load_state(path) == GuardState()
+    assert "unreadable" in capsys.readouterr().err
+
+
+# --- the ordered restart ---------------------------------------------------------------------------------------
+
+
+class RecordingPair:
+    """Stands in for systemctl/SSH/HTTP to check the order of steps; the real ones run on the simulated pair."""
+
+    def __init__(self, probes, worker_reachable=True, head_states=None):
+        self.calls: list[str] = []
+        self.probes = list(probes)
+        self.worker_reachable = worker_reachable
+        self.head_states = list(head_states or [])
+
+    def head(self, verb):
+        self.calls.append(f"head {verb}")
+
+    def worker(self, verb):
+        if not self.worker_reachable:
+            return None
+        if verb != "state":
+            self.calls.append(f"worker {verb}")
+        return "active"
+
+    def head_props(self):
+        return {"ActiveState": self.head_states.pop(0) if self.head_states else "active"}
+
+    def probe(self, timeout_s):
+        self.calls.append("probe")
+        return self.probes.pop(0)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_restart_order_is_stop_head_stop_worker_start_worker_start_head_then_wait():
+    pair = RecordingPair([(Probe.NOT_READY, "refused"), (Probe.OK, "one token")])
+    clock = FakeClock()
+    ok, outcome = pg.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
+    assert ok, outcome
+    assert pair.calls == ["head stop", "worker stop", "worker start", "head start", "probe", "probe"]
+
+
+def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached():
+    pair = RecordingPair([], worker_reachable=False)
+    ok, outcome = pg.ordered_restart(pair, 600, 60)
+    assert not ok
+    assert pair.calls == ["head stop"]
+    assert "worker could not be reached" in outcome
+
+
+def test_restart_fails_early_when_the_head_exits_while_loading():
+    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 3, head_states=["active", "inactive"])
+    clock = FakeClock()
+    ok, outcome = pg.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
+    assert not ok
+    assert "head inactive" in outcome
+    assert clock.now == 5
+
+
+def test_restart_gives_up_waiting_at_the_ready_timeout():
+    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 100)
+    clock = FakeClock()
+    ok, outcome = pg.ordered_restart(pair, 60, 10, poll_s=5, clock=clock, sleep=clock.sleep)
+    assert not ok
+    assert "not serving 60 s after the head started" in outcome
+    assert clock.now == 60

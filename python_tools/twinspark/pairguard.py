@@ -1,0 +1,632 @@
+"""Keep the two vLLM ranks serving as one pair: notice a half pair and restart both ranks in order.
+
+vLLM does not heal a TP=2 pair by itself (SIM.md, "Fault behaviour"): a rank that loses its peer exits with
+status 0 (so `Restart=on-failure` never fires), the headless worker outlives a dead head forever, an idle head
+keeps answering /health after its worker died, and restarting one side alone hangs in the rendezvous. So the head
+runs `twinspark pair guard` from `twinspark-pair-guard.timer`; each run looks at both units (the worker's over
+SSH, through a key that may only ask for `state`, `stop` and `start`) and at a real one-token generation, and
+when the pair is broken restarts both ranks in the one order that works: stop head, stop worker, start worker,
+start head, then wait until the head serves again. Restarts are bounded: backoff between attempts, and after
+`max_attempts` failed restarts in a row the guard gives up loudly (journal at error priority, the state file,
+exit 1) until an operator restarts the pair (playbooks/restart.yml, or `twinspark pair reset`).
+
+The rules (`assess`, `decide`, `after_restart`) are pure functions over plain data; systemctl, SSH and HTTP sit
+in `Pair`, which the rules never see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+
+UNIT = "twinspark-vllm.service"
+DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
+DEFAULT_STATE_FILE = "/var/lib/twinspark-pair-guard/state.json"
+DEFAULT_SSH_KEY = "/etc/twinspark/pair-guard/id_ed25519"
+DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
+RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
+
+# systemd states in which a unit is on its way somewhere: judge it on a later run.
+TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
+# What the worker's forced SSH command accepts (roles/vllm_service/templates/peer-control.sh.j2).
+PEER_VERBS = ("state", "stop", "start")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Probe(StrEnum):
+    """The result of asking the head's API for one generated token."""
+
+    OK = "ok"  # /v1/models lists the served model and one token came back
+    NOT_READY = "not_ready"  # the API does not answer yet, or does not list the served model
+    TIMEOUT = "timeout"  # the generation did not finish in time: broken, or only busy
+    ERROR = "error"  # the generation failed (HTTP 5xx, connection reset, no token)
+    SKIPPED = "skipped"  # not asked, because a unit is already known to be down
+
+
+class Verdict(StrEnum):
+    HEALTHY = "healthy"
+    STARTING = "starting"  # give it time
+    UNKNOWN = "unknown"  # cannot see (or act on) the worker
+    SUSPECT = "suspect"  # a generation timed out: maybe only busy, count strikes
+    BROKEN = "broken"  # restart the pair
+
+
+class Action(StrEnum):
+    NONE = "none"  # healthy
+    WAIT = "wait"  # look again next run
+    RESTART = "restart"  # ordered pair restart now
+    GIVE_UP = "give_up"  # too many failed restarts: stop trying, loudly
+    GAVE_UP = "gave_up"  # already given up; an operator must act
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one guard run saw."""
+
+    head_state: str  # ActiveState of the head's twinspark-vllm.service
+    worker_state: str | None  # the worker's, or None when the worker could not be reached over SSH
+    probe: Probe = Probe.SKIPPED
+    probe_detail: str = ""
+    head_active_for_s: float | None = None  # how long the head's unit has been active
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_attempts: int = 5  # failed restarts in a row before giving up
+    backoff_initial_s: float = 30.0  # wait after the first restart before another one
+    backoff_max_s: float = 900.0
+    flap_window_s: float = 3600.0  # restarts this recent count towards the backoff, even successful ones
+    startup_grace_s: float = 1800.0  # a head this young that is not ready yet is still starting (JIT)
+    timeout_strikes: int = 3  # timed-out generations in a row before a busy-looking pair counts as broken
+
+    def backoff_s(self, recent_attempts: int) -> float:
+        """Seconds to wait after the latest restart, given how many restarts happened within the flap window."""
+        if recent_attempts <= 0:
+            return 0.0
+        return min(self.backoff_initial_s * 2 ** (recent_attempts - 1), self.backoff_max_s)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    at: float  # unix time the restart began
+    ok: bool
+    reason: str  # why the pair was restarted, and how it ended
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What the guard remembers between runs (the state file)."""
+
+    attempts: tuple[Attempt, ...] = ()
+    failures_in_row: int = 0
+    timeout_strikes: int = 0
+    gave_up_at: float | None = None
+    gave_up_reason: str = ""
+    last: Mapping[str, object] = field(default_factory=dict)  # the latest run: at, verdict, action, reason
+
+    def recent_attempts(self, now: float, window_s: float) -> tuple[Attempt, ...]:
+        return tuple(a for a in self.attempts if now - a.at < window_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    action: Action
+    reason: str
+    state: GuardState  # the state to keep after this run (a restart's outcome is added by `after_restart`)
+
+
+def assess(obs: Observation, policy: Policy) -> tuple[Verdict, str]:
+    """Judge the pair from one observation."""
+    if obs.worker_state is None:
+        return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
+    for rank, state in (("head", obs.head_state), ("worker", obs.worker_state)):
+        if state in TRANSITIONAL:
+            return Verdict.STARTING, f"the {rank}'s {UNIT} is {state}"
+    down = [f"{rank}'s {UNIT} is {state}" for rank, state in (("head", obs.head_state),
+                                                            ("worker", obs.worker_state)) if state != "active"]
+    if down:
+        return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
+    if obs.probe is Probe.OK:
+        return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
+    if obs.probe is Probe.NOT_READY:
+        age = obs.head_active_for_s
+        if age is None or age < policy.startup_grace_s:
+            shown = "" if age is None else f" for {age:.0f} s"
+            return Verdict.STARTING, f"both ranks active, the head{shown} not ready yet ({obs.probe_detail})"
+        return Verdict.BROKEN, (f"the head has been active for {age:.0f} s and is still not ready "
+                                f"({obs.probe_detail}): a rank is stuck in the rendezvous")
+    if obs.probe is Probe.TIMEOUT:
+        return Verdict.SUSPECT, f"one-token generation timed out ({obs.probe_detail})"
+    if obs.probe is Probe.ERROR:
+        return Verdict.BROKEN, f"one-token generation failed ({obs.probe_detail})"
+    return Verdict.STARTING, "both ranks active, not probed"
+
+
+def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> Decision:
+    """What to do about the pair, given what was seen and what the guard did before."""
+    verdict, reason = assess(obs, policy)
+    if verdict is Verdict.HEALTHY:
+        # Healthy clears every count, including a give-up: the pair was repaired by someone.
+        return Decision(verdict, Action.NONE, reason,
+                        replace(state, failures_in_row=0, timeout_strikes=0, gave_up_at=None, gave_up_reason=""))
+    if state.gave_up_at is not None:
+        return Decision(verdict, Action.GAVE_UP,
+                        f"{reason}; gave up after {state.failures_in_row} failed restart(s): {state.gave_up_reason}; "
+                        f"fix the cause, then {RESTART_HINT}", state)
+    if verdict in (Verdict.STARTING, Verdict.UNKNOWN):
+        return Decision(verdict, Action.WAIT, reason, state)
+    if verdict is Verdict.SUSPECT:
+        strikes = state.timeout_strikes + 1
+        state = replace(state, timeout_strikes=strikes)
+        if strikes < policy.timeout_strikes:
+            return Decision(verdict, Action.WAIT,
+                            f"{reason}; strike {strikes} of {policy.timeout_strikes} (a busy pair answers late)", state)
+        reason = f"{reason}; {strikes} timed-out generations in a row"
+    if state.failures_in_row >= policy.max_attempts:
+        gave_up = replace(state, gave_up_at=now,
+                          gave_up_reason=f"{state.failures_in_row} ordered restarts in a row did not bring the "
+                                         f"pair back; last: {reason}")
+        return Decision(verdict, Action.GIVE_UP, gave_up.gave_up_reason + f"; fix the cause, then {RESTART_HINT}",
+                        gave_up)
+    recent = state.recent_attempts(now, policy.flap_window_s)
+    if recent:
+        wait_s = policy.backoff_s(len(recent))
+        due = recent[-1].at + wait_s
+        if now < due:
+            return Decision(verdict, Action.WAIT,
+                            f"{reason}; backing off: {len(recent)} restart(s) in the last "
+                            f"{policy.flap_window_s:.0f} s, next attempt in {due - now:.0f} s", state)
+    return Decision(verdict, Action.RESTART, reason, state)
+
+
+def after_restart(state: GuardState, started_at: float, ok: bool, reason: str, policy: Policy) -> GuardState:
+    """The state after an ordered restart that began at `started_at` and succeeded (`ok`) or not."""
+    attempts = (*state.recent_attempts(started_at, policy.flap_window_s), Attempt(started_at, ok, reason))
+    if ok:
+        return replace(state, attempts=attempts, failures_in_row=0, timeout_strikes=0)
+    return replace(state, attempts=attempts, failures_in_row=state.failures_in_row + 1, timeout_strikes=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Settings the guard needs from the node's env files (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Api:
+    url: str  # base URL reachable from the head itself, e.g. http://127.0.0.1:8888
+    served_name: str
+    max_model_len: int | None
+    api_key: str | None = field(default=None, repr=False)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def probe_host(bind: str) -> str:
+    """Where the head itself reaches an API bound to `bind`: a wildcard bind is probed on loopback."""
+    bind = bind.strip()
+    if bind in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if bind == "::":
+        return "[::1]"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def api_from_env(env: Mapping[str, str]) -> Api:
+    """The head's API as its env files describe it (VLLM_HOST, VLLM_PORT, SERVED_MODEL_NAME, MAX_MODEL_LEN, keys).
+
+    Probes send the first key (RECIPE.md); the key is kept out of repr() and never logged.
+    """
+    port = int(str(env.get("VLLM_PORT") or "8888"), 10)
+    keys = (env.get("VLLM_API_KEY") or "").split() or (env.get("DSPARK_API_KEYS") or "").split()
+    max_len = str(env.get("MAX_MODEL_LEN") or "").strip()
+    served = (env.get("SERVED_MODEL_NAME") or "").strip()
+    if not served:
+        raise ValueError("SERVED_MODEL_NAME is empty in the env files: the guard cannot tell which model the head "
+                         "must list; render the env files with ansible-playbook site.yml")
+    return Api(url=f"http://{probe_host(env.get('VLLM_HOST') or '')}:{port}", served_name=served,
+               max_model_len=int(max_len) if max_len else None, api_key=keys[0] if keys else None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The state file
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def state_to_json(state: GuardState) -> dict[str, object]:
+    data = asdict(state)
+    data["last"] = dict(state.last)
+    return data
+
+
+def state_from_json(data: Mapping[str, object]) -> GuardState:
+    attempts = tuple(Attempt(float(a["at"]), bool(a["ok"]), str(a.get("reason", "")))
+                     for a in data.get("attempts") or [])
+    gave_up_at = data.get("gave_up_at")
+    return GuardState(attempts=attempts, failures_in_row=int(data.get("failures_in_row") or 0),
+                      timeout_strikes=int(data.get("timeout_strikes") or 0),
+                      gave_up_at=float(gave_up_at) if gave_up_at is not None else None,
+                      gave_up_reason=str(data.get("gave_up_reason") or ""), last=dict(data.get("last") or {}))
+
+
+def load_state(path: Path) -> GuardState:
+    try:
+        return state_from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return GuardState()
+    except (ValueError, KeyError, TypeError) as exc:
+        log(4, f"ignoring unreadable guard state {path} ({exc}); starting from a clean slate")
+        return GuardState()
+
+
+def save_state(path: Path, state: GuardState) -> None:
+    """Write atomically: a crash mid-write leaves the previous state."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(state_to_json(state), handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# I/O: the two units and the API
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def log(priority: int, message: str) -> None:
+    """One line to stderr; under systemd the `<N>` prefix sets the journal priority (3 error, 4 warning, 6 info)."""
+    prefix = f"<{priority}>" if os.environ.get("JOURNAL_STREAM") else ""
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show -p A -p B` output (A=value lines) as a mapping."""
+    props = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key.strip()] = value.strip()
+    return props
+
+
+def active_for_s(props: Mapping[str, str], now_monotonic: float) -> float | None:
+    """Seconds since the unit entered `active`, from ActiveEnterTimestampMonotonic (microseconds, 0 = never)."""
+    try:
+        entered = int(props.get("ActiveEnterTimestampMonotonic") or 0)
+    except ValueError:
+        return None
+    if entered <= 0 or props.get("ActiveState") != "active":
+        return None
+    return max(0.0, now_monotonic - entered / 1e6)
+
+
+@dataclass
+class Pair:
+    """The real pair: the head's unit through systemctl, the worker's through its forced SSH command, the API."""
+
+    api: Api
+    worker_addresses: Sequence[str]
+    ssh_user: str = "root"
+    ssh_key: str = DEFAULT_SSH_KEY
+    known_hosts: str = DEFAULT_KNOWN_HOSTS
+    ssh_timeout_s: float = 10.0
+    unit: str = UNIT
+
+    # -- head (local) --
+    def head_props(self) -> dict[str, str]:
+        out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic",
+                              self.unit], capture_output=True, text=True, timeout=30, check=False)
+        return parse_show(out.stdout)
+
+    def head(self, verb: str) -> None:
+        subprocess.run(["systemctl", verb, self.unit], check=True, timeout=120, capture_output=True, text=True)
+
+    # -- worker (SSH, forced command) --
+    def worker(self, verb: str) -> str | None:
+        """Run `verb` through the worker's forced command; its stdout, or None when no address answers."""
+        if verb not in PEER_VERBS:
+            raise ValueError(f"peer verb {verb!r} is not one of {', '.join(PEER_VERBS)}")
+        for address in self.worker_addresses:
+            argv = ["ssh", "-i", self.ssh_key, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                    "-o", f"ConnectTimeout={int(self.ssh_timeout_s)}", "-o", "StrictHostKeyChecking=yes",
+                    "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "LogLevel=ERROR",
+                    f"{self.ssh_user}@{address}", verb]
+            try:
+                out = subprocess.run(argv, capture_output=True, text=True, check=False,
+                                     timeout=self.ssh_timeout_s + 120)
+            except subprocess.TimeoutExpired:
+                log(4, f"worker {address}: `{verb}` timed out")
+                continue
+            if out.returncode == 255:  # ssh's own failure: try the next address
+                log(4, f"worker {address} unreachable over SSH: {out.stderr.strip() or 'no answer'}")
+                continue
+            if out.returncode != 0:
+                raise RuntimeError(f"worker {address}: `{verb}` failed (exit {out.returncode}): "
+                                   f"{out.stderr.strip() or out.stdout.strip()}")
+            return out.stdout.strip()
+        return None
+
+    # -- the API --
+    def probe(self, timeout_s: float) -> tuple[Probe, str]:
+        """Is the served model listed, and does one generated token come back within `timeout_s`?"""
+        import requests
+
+        from twinspark.health import checks
+
+        try:
+            response = requests.get(f"{self.api.url}/v1/models", headers=self.api.headers(), timeout=10)
+            models = {"status_code": response.status_code, "json": _json_or_none(response)}
+        except requests.RequestException as exc:
+            return Probe.NOT_READY, f"{self.api.url}/v1/models: {type(exc).__name__}"
+        listed = checks.check_models(models, self.api.served_name, self.api.max_model_len)
+        if listed.status == checks.FAILED:
+            return Probe.NOT_READY, listed.message
+        body = {"model": self.api.served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        started = time.monotonic()
+        try:
+            response = requests.post(f"{self.api.url}/v1/completions", json=body, headers=self.api.headers(),
+                                     timeout=timeout_s)
+        except requests.Timeout:
+            return Probe.TIMEOUT, f"no token within {timeout_s:g} s"
+        except requests.RequestException as exc:
+            return Probe.ERROR, f"/v1/completions: {type(exc).__name__}"
+        answer = _json_or_none(response) or {}
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        result = {"status_code": response.status_code, "elapsed": time.monotonic() - started,
+                  "tokens": bool(choices and (choices[0].get("text") is not None))}
+        live = checks.check_liveness(result, timeout_s)
+        if live.status != checks.OK:
+            return Probe.ERROR, live.message
+        return Probe.OK, live.message
+
+    def observe(self, probe_timeout_s: float) -> Observation:
+        props = self.head_props()
+        head_state = props.get("ActiveState") or "unknown"
+        worker_state = self.worker("state")
+        probe, detail = Probe.SKIPPED, ""
+        if head_state == "active" and worker_state == "active":
+            probe, detail = self.probe(probe_timeout_s)
+        return Observation(head_state, worker_state, probe, detail, active_for_s(props, time.monotonic()))
+
+
+def _json_or_none(response: object) -> object:
+    try:
+        return response.json()  # type: ignore[attr-defined]
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The ordered restart
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 5.0,
+                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                    ) -> tuple[bool, str]:
+    """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
+
+    Returns (ok, what happened). Gives up early when a rank's unit leaves `active` while waiting.
+    """
+    log(5, "ordered pair restart: stopping the head")
+    pair.head("stop")
+    log(5, "ordered pair restart: stopping the worker")
+    if pair.worker("stop") is None:
+        return False, "the worker could not be reached to stop it (head stopped)"
+    log(5, "ordered pair restart: starting the worker")
+    if pair.worker("start") is None:
+        return False, "the worker could not be reached to start it (head stopped)"
+    log(5, "ordered pair restart: starting the head")
+    pair.head("start")
+    started = clock()
+    deadline = started + ready_timeout_s
+    next_note = started
+    while True:
+        head_state = pair.head_props().get("ActiveState", "unknown")
+        worker_state = pair.worker("state")
+        if head_state not in ("active", "activating") or worker_state not in ("active", "activating"):
+            return False, (f"a rank left active while starting (head {head_state}, "
+                           f"worker {worker_state or 'unreachable'}); see journalctl -u twinspark-vllm -n 120 on "
+                           "both nodes")
+        probe, detail = pair.probe(probe_timeout_s)
+        waited = clock() - started
+        if probe is Probe.OK:
+            return True, f"serving again {waited:.0f} s after the head started ({detail})"
+        if clock() >= deadline:
+            return False, f"not serving {ready_timeout_s:.0f} s after the head started ({detail})"
+        if clock() >= next_note:
+            log(6, f"waiting for the pair: {waited:.0f} s of {ready_timeout_s:.0f} s ({detail})")
+            next_note = clock() + 30
+        sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _read_env(paths: Sequence[str]) -> dict[str, str]:
+    from twinspark import envfile
+
+    read = envfile.read_files(paths)
+    unreadable = [p for p in read.problems if "cannot read" in p or "not UTF-8" in p]
+    if unreadable:
+        raise ValueError("; ".join(unreadable) + " (the guard runs as root; render the files with site.yml)")
+    return dict(read.values)
+
+
+def _pair_from_args(args: argparse.Namespace) -> Pair:
+    api = api_from_env(_read_env(args.env))
+    return Pair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
+                known_hosts=args.known_hosts)
+
+
+def _policy_from_args(args: argparse.Namespace) -> Policy:
+    return Policy(max_attempts=args.max_attempts, backoff_initial_s=args.backoff_initial,
+                  backoff_max_s=args.backoff_max, startup_grace_s=args.startup_grace,
+                  timeout_strikes=args.timeout_strikes)
+
+
+def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
+                 ) -> tuple[GuardState, bool]:
+    started_at = time.time()
+    try:
+        ok, outcome = ordered_restart(pair, args.ready_timeout, args.probe_timeout)
+    except (subprocess.SubprocessError, RuntimeError) as exc:
+        ok, outcome = False, f"restart step failed: {exc}"
+    state = after_restart(state, started_at, ok, f"{reason} -> {outcome}", policy)
+    if ok:
+        log(5, f"pair restarted: {outcome}")
+    else:
+        log(3, f"ordered pair restart failed ({state.failures_in_row} of {policy.max_attempts}): {outcome}")
+    return state, ok
+
+
+def cmd_guard(args: argparse.Namespace) -> int:
+    try:
+        pair = _pair_from_args(args)
+    except (ValueError, OSError) as exc:
+        log(3, f"pair guard: {exc}")
+        return 2
+    policy = _policy_from_args(args)
+    state_path = Path(args.state_file)
+    state = load_state(state_path)
+    now = time.time()
+    obs = pair.observe(args.probe_timeout)
+    decision = decide(obs, state, policy, now)
+    state = replace(decision.state, last={"at": now, "verdict": decision.verdict.value,
+                                          "action": decision.action.value, "reason": decision.reason})
+    code = 0
+    if decision.action is Action.NONE:
+        log(7, f"pair healthy: {decision.reason}")
+    elif decision.action is Action.WAIT:
+        log(4 if decision.verdict in (Verdict.UNKNOWN, Verdict.SUSPECT) else 6, f"pair {decision.verdict.value}: "
+            f"{decision.reason}")
+    elif decision.action in (Action.GIVE_UP, Action.GAVE_UP):
+        log(3, f"pair guard GAVE UP: {decision.reason}")
+        code = 1
+    else:
+        log(4, f"pair broken, restarting both ranks in order: {decision.reason}")
+        save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
+        state, ok = _run_restart(pair, args, state, policy, decision.reason)
+        code = 0 if ok else 1
+    if args.json:
+        print(json.dumps({"observation": {**asdict(obs), "probe": obs.probe.value}, "verdict": decision.verdict.value,
+                          "action": decision.action.value, "reason": decision.reason,
+                          "failures_in_row": state.failures_in_row}, indent=1))
+    save_state(state_path, state)
+    return code
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """An operator's (or playbook's) ordered restart: always runs, and clears a give-up when it works."""
+    try:
+        pair = _pair_from_args(args)
+    except (ValueError, OSError) as exc:
+        log(3, f"pair restart: {exc}")
+        return 2
+    policy = _policy_from_args(args)
+    state_path = Path(args.state_file)
+    state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
+    if ok:
+        state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
+    save_state(state_path, state)
+    return 0 if ok else 1
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Forget failed attempts and a give-up, so the guard acts again on its next run."""
+    save_state(Path(args.state_file), GuardState())
+    log(5, f"pair guard state reset ({args.state_file})")
+    return 0
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    state = load_state(Path(args.state_file))
+    if args.json:
+        print(json.dumps(state_to_json(state), indent=1, sort_keys=True))
+    else:
+        last = state.last
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(last["at"]))) if last.get("at") else "never"
+        print(f"last run:        {when}: {last.get('verdict', '-')} -> {last.get('action', '-')}")
+        print(f"reason:          {last.get('reason', '-')}")
+        print(f"failed in a row: {state.failures_in_row}")
+        print(f"gave up:         {state.gave_up_reason or 'no'}")
+        for attempt in state.attempts[-5:]:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(attempt.at))
+            print(f"restart {stamp}  {'ok    ' if attempt.ok else 'FAILED'}  {attempt.reason}")
+    return 1 if state.gave_up_at is not None else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("pair", help="keep the two ranks serving as one pair (runs on the head)")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def common(sub: argparse.ArgumentParser, acts: bool) -> None:
+        sub.add_argument("--state-file", default=DEFAULT_STATE_FILE, help="where the guard keeps its history")
+        if not acts:
+            return
+        sub.add_argument("--env", action="append", default=None, metavar="FILE",
+                         help="env file(s), later ones override earlier (default: serve.env then secrets.env)")
+        sub.add_argument("--worker", action="append", required=True, metavar="ADDRESS",
+                         help="the worker's address for SSH; repeat to try more (fabric first, then management)")
+        sub.add_argument("--ssh-user", default="root")
+        sub.add_argument("--ssh-key", default=DEFAULT_SSH_KEY)
+        sub.add_argument("--known-hosts", default=DEFAULT_KNOWN_HOSTS)
+        sub.add_argument("--ready-timeout", type=float, default=1800.0, metavar="S",
+                         help="how long a restarted pair may take to serve (first-boot JIT is long)")
+        sub.add_argument("--probe-timeout", type=float, default=120.0, metavar="S",
+                         help="how long one one-token generation may take")
+        sub.add_argument("--max-attempts", type=int, default=Policy.max_attempts)
+        sub.add_argument("--backoff-initial", type=float, default=Policy.backoff_initial_s, metavar="S")
+        sub.add_argument("--backoff-max", type=float, default=Policy.backoff_max_s, metavar="S")
+        sub.add_argument("--startup-grace", type=float, default=None, metavar="S",
+                         help="a head active this long but not ready counts as stuck (default: --ready-timeout)")
+        sub.add_argument("--timeout-strikes", type=int, default=Policy.timeout_strikes)
+        sub.add_argument("--json", action="store_true", help="print what was seen and decided as JSON")
+
+    guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")
+    common(guard, acts=True)
+    guard.set_defaults(func=_with_defaults(cmd_guard))
+    restart = verbs.add_parser("restart", help="ordered pair restart now (stop head, stop worker, start worker, "
+                                               "start head, wait until serving)")
+    common(restart, acts=True)
+    restart.set_defaults(func=_with_defaults(cmd_restart))
+    reset = verbs.add_parser("reset", help="forget failed restarts and a give-up")
+    common(reset, acts=False)
+    reset.set_defaults(func=cmd_reset)
+    state = verbs.add_parser("state", help="what the guard last saw and did (exit 1 when it gave up)")
+    common(state, acts=False)
+    state.add_argument("--json", action="store_true")
+    state.set_defaults(func=cmd_state)
+
+
+def _with_defaults(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        if args.env is None:
+            args.env = list(DEFAULT_ENV_FILES)
+        if args.startup_grace is None:
+            args.startup_grace = args.ready_timeout
+        return func(args)
+
+    return run
