@@ -12,6 +12,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
+    "twinspark.gpu",
     "twinspark.model",
     "twinspark.patching",
 ]
