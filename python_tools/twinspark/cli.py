@@ -12,6 +12,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
+    "twinspark.fabric.commands",
     "twinspark.gpu",
     "twinspark.model",
     "twinspark.patching",

@@ -1,0 +1,169 @@
+"""Reading RDMA ports and their netdevs from the running system: the only I/O of the fabric package.
+
+Paths are built only from directory listings under the root, never from a selector or other user text. Every
+attribute that cannot be read comes back as None; the rules in ``gid.py`` decide what that means (an unreadable
+state or link layer keeps the port, as NCCL does).
+
+Layout read, relative to the root (default ``/sys/class/infiniband``)::
+
+    <dev>/ports/<port>/state                 "4: ACTIVE"
+    <dev>/ports/<port>/link_layer            "Ethernet" | "InfiniBand"
+    <dev>/ports/<port>/gids/<g>              "0000:0000:0000:0000:0000:ffff:0a4d:0001"
+    <dev>/ports/<port>/gid_attrs/types/<g>   "RoCE v2" | "IB/RoCE v1"
+    <dev>/ports/<port>/gid_attrs/ndevs/<g>   "enp1s0f1np1"
+    <dev>/device/net/<netdev>/dev_port       0-based port of a netdev without GID entries (InfiniBand)
+    ../net/<netdev>/mtu                      the netdev's MTU (``/sys/class/net``)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = Path("/sys/class/infiniband")
+
+
+@dataclass(frozen=True)
+class GidEntry:
+    """One row of a port's GID table; None where the kernel would not say."""
+
+    index: int
+    gid: str | None
+    type: str | None
+    ndev: str | None
+
+
+@dataclass(frozen=True)
+class PortInfo:
+    """What sysfs says about one RDMA device port."""
+
+    device: str
+    port: int
+    state: str | None
+    link_layer: str | None
+    gids: tuple[GidEntry, ...]
+    netdev: str | None
+    mtu: int | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.device}:{self.port}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _numbered_children(path: Path) -> list[int]:
+    try:
+        names = [entry.name for entry in path.iterdir()]
+    except OSError:
+        return []
+    return sorted(int(name) for name in names if name.isdigit())
+
+
+def _state_name(text: str | None) -> str | None:
+    """``"4: ACTIVE"`` -> ``"ACTIVE"``; the kernel prefixes the numeric state."""
+    if text is None:
+        return None
+    return text.split(":", 1)[-1].strip() or None
+
+
+def _read_gids(port_dir: Path) -> tuple[GidEntry, ...]:
+    entries = []
+    for index in _numbered_children(port_dir / "gids"):
+        entries.append(
+            GidEntry(
+                index=index,
+                gid=_read(port_dir / "gids" / str(index)),
+                type=_read(port_dir / "gid_attrs" / "types" / str(index)),
+                ndev=_read(port_dir / "gid_attrs" / "ndevs" / str(index)) or None,
+            )
+        )
+    return tuple(entries)
+
+
+def _netdev_by_port(device_dir: Path) -> dict[int, str]:
+    """Netdevs under the device's PCI function, keyed by 1-based port (``dev_port`` is 0-based)."""
+    found: dict[int, str] = {}
+    net_dir = device_dir / "device" / "net"
+    try:
+        names = sorted(entry.name for entry in net_dir.iterdir())
+    except OSError:
+        return found
+    for name in names:
+        dev_port = _read(net_dir / name / "dev_port")
+        port = int(dev_port) + 1 if dev_port and dev_port.isdigit() else 1
+        found.setdefault(port, name)
+    return found
+
+
+def _mtu(class_net: Path, netdev: str | None) -> int | None:
+    if not netdev:
+        return None
+    text = _read(class_net / netdev / "mtu")
+    return int(text) if text and text.isdigit() else None
+
+
+def read_ports(root: Path = DEFAULT_ROOT) -> list[PortInfo]:
+    """Every port of every RDMA device under root, in device-name then port order."""
+    try:
+        devices = sorted(entry.name for entry in root.iterdir())
+    except OSError:
+        return []
+    class_net = root.parent / "net"
+    ports = []
+    for device in devices:
+        device_dir = root / device
+        by_port = _netdev_by_port(device_dir)
+        for number in _numbered_children(device_dir / "ports"):
+            port_dir = device_dir / "ports" / str(number)
+            gids = _read_gids(port_dir)
+            netdev = next((g.ndev for g in gids if g.ndev), None) or by_port.get(number)
+            ports.append(
+                PortInfo(
+                    device=device,
+                    port=number,
+                    state=_state_name(_read(port_dir / "state")),
+                    link_layer=_read(port_dir / "link_layer"),
+                    gids=gids,
+                    netdev=netdev,
+                    mtu=_mtu(class_net, netdev),
+                )
+            )
+    return ports
+
+
+def netdev_ipv4(netdev: str) -> list[str]:
+    """The IPv4 addresses on a netdev of this network namespace (from the kernel via iproute2)."""
+    ip = shutil.which("ip")
+    if ip is None:
+        return []
+    try:
+        result = subprocess.run(
+            [ip, "-j", "-4", "addr", "show", "dev", netdev],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if result.returncode != 0 or not result.stdout.strip():
+        return []
+    try:
+        links = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        return []
+    return [
+        info["local"]
+        for link in links
+        for info in link.get("addr_info", [])
+        if info.get("family") == "inet" and info.get("local")
+    ]
