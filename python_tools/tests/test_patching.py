@@ -1,9 +1,4 @@
-"""The patch engine against the real files of the vLLM wheels the patches are for.
-
-A session fixture unpacks, from the wheels in $TWINSPARK_WHEEL_CACHE (default /var/tmp/twinspark-wheels; fetched by
-scripts/fetch-test-wheels when missing), the files each target's patches touch plus the dist-info METADATA, so every
-test works on a small but real site-packages.
-"""
+"""The patch engine against the real files of the vLLM wheels the patches are for (see vllm_wheels.py)."""
 
 from __future__ import annotations
 
@@ -12,51 +7,15 @@ import json
 import os
 import shutil
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
+from vllm_wheels import PATCHES, TARGETS, pristine_fixture  # noqa: F401  (the fixture `pristine`)
+from vllm_wheels import manifest as _manifest
 
 from twinspark import patching
 from twinspark.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
-PATCHES = REPO / "patches"
-TARGETS = sorted(p.parent.name for p in PATCHES.glob("*/manifest.yml"))
-WHEEL_CACHE = Path(os.environ.get("TWINSPARK_WHEEL_CACHE", "/var/tmp/twinspark-wheels"))
-
-
-def _manifest(target: str) -> dict:
-    return yaml.safe_load((PATCHES / target / "manifest.yml").read_text())
-
-
-def _wheel(target: str) -> Path:
-    distribution, version = target.rsplit("-", 1)
-    pattern = f"{distribution.replace('-', '_')}-{version}-*.whl"
-    found = sorted(WHEEL_CACHE.glob(pattern))
-    if not found:
-        subprocess.run([str(REPO / "scripts" / "fetch-test-wheels")], check=True, timeout=900)
-        found = sorted(WHEEL_CACHE.glob(pattern))
-    assert found, f"no {pattern} in {WHEEL_CACHE} after scripts/fetch-test-wheels"
-    return found[0]
-
-
-@pytest.fixture(scope="session")
-def pristine(tmp_path_factory) -> dict[str, Path]:
-    """target -> a site-packages holding the original files the target's patches touch, straight from the wheel."""
-    trees = {}
-    for target in TARGETS:
-        distribution, version = target.rsplit("-", 1)
-        wanted = {f["path"] for p in _manifest(target)["patches"] for f in p["files"]}
-        wanted.add(f"{distribution.replace('-', '_')}-{version}.dist-info/METADATA")
-        root = tmp_path_factory.mktemp(target)
-        with zipfile.ZipFile(_wheel(target)) as wheel:
-            for name in wanted:
-                (root / name).parent.mkdir(parents=True, exist_ok=True)
-                (root / name).write_bytes(wheel.read(name))
-        trees[target] = root
-    return trees
 
 
 @pytest.fixture(params=TARGETS)

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "twinspark.gpu",
     "twinspark.model",
     "twinspark.patching",
+    "twinspark.runtime",
 ]
 
 

