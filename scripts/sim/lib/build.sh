@@ -1,0 +1,213 @@
+# shellcheck shell=bash
+# The build phases of scripts/sim/up. Each one is bounded in time and logs to $SIM_DIR/logs/.
+
+install_host_packages() {
+  local missing=0 c
+  for c in mmdebstrap systemd-nspawn apt-cacher-ng ssh ssh-keygen ip ss nsenter mountpoint flock; do
+    command -v "$c" >/dev/null 2>&1 || [ -x "/usr/sbin/$c" ] || missing=1
+  done
+  if [ "$missing" = 1 ]; then
+    log "installing host packages: ${HOST_PACKAGES[*]}"
+    timeout 300 apt-get update -q >"$SIM_DIR/logs/host-apt-update.log" 2>&1 \
+      || die "apt-get update failed; see $SIM_DIR/logs/host-apt-update.log"
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends "${HOST_PACKAGES[@]}" \
+      >"$SIM_DIR/logs/host-apt-install.log" 2>&1 \
+      || die "installing host packages failed; see $SIM_DIR/logs/host-apt-install.log"
+  fi
+  [ -f "$SSH_KEY" ] || ssh-keygen -q -t ed25519 -N '' -C twinspark-sim -f "$SSH_KEY"
+}
+
+base_stamp() { cat "$SIM_DIR/rootfs/base/etc/twinspark-sim-base" 2>/dev/null; }
+
+node_is_up() {
+  local n=$1 state
+  [ "$(cat "$SIM_DIR/nodes/$n/base-stamp" 2>/dev/null)" = "$(base_stamp)" ] || return 1
+  state=$(NX_TIMEOUT=10 nx "$n" systemctl is-system-running 2>/dev/null) || true
+  case "$state" in running|degraded) ;; *) return 1;; esac
+  SSH_TIMEOUT=10 node_ssh "$n" true 2>/dev/null
+}
+
+pair_is_up() {
+  local n
+  ip route show type blackhole | grep -q "^blackhole $IC_PREFIX.0/24" || return 1
+  ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
+  ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
+  acng_listening || return 1
+  for n in "${NODES[@]}"; do node_is_up "$n" || return 1; done
+}
+
+network_up() {
+  local n i v
+  # Safety net FIRST: with these, a packet for a test address never leaves the machine, even while the bridge is
+  # missing. The bridge's connected route (metric 0) wins over them while it exists.
+  ip route replace blackhole "$IC_PREFIX.0/24" metric 4000
+  ip route replace blackhole "$MGMT_PREFIX.0/24" metric 4000
+  for n in "${NODES[@]}"; do
+    ip netns add "$n"
+    ip -n "$n" link set lo up
+  done
+  # The interconnect: no address and the default MTU; the spark_fabric role makes it 10.77.0.x/24 at MTU 9000.
+  ip link add ic0 netns "${NODES[0]}" type veth peer name ic0 netns "${NODES[1]}"
+  for n in "${NODES[@]}"; do ip -n "$n" link set ic0 up; done
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$HOST_IP/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for n in "${NODES[@]}"; do
+    i=$(node_index "$n") v=$(host_veth "$n")
+    ip link add "$v" type veth peer name mgmt0 netns "$n"
+    ip link set "$v" master "$BRIDGE" up
+    ip -n "$n" addr add "$MGMT_PREFIX.$i/24" dev mgmt0
+    ip -n "$n" link set mgmt0 up
+  done
+  log "netns: $(ip netns list | tr '\n' ' ')"
+}
+
+apt_cache_up() {
+  local conf=$SIM_DIR/acng-conf
+  mkdir -p "$conf" "$SIM_DIR/cache/acng" "$SIM_DIR/logs/acng"
+  # An own config: the packaged one has no usable Debian backend on a host whose sources are deb822 files, and then
+  # answers 503 after trying its built-in mirror list. Listen on the bridge address only.
+  cat >"$conf/acng.conf" <<EOC
+CacheDir: $SIM_DIR/cache/acng
+LogDir: $SIM_DIR/logs/acng
+SupportDir: /usr/lib/apt-cacher-ng
+Port: $ACNG_PORT
+BindAddress: $HOST_IP
+ForeGround: 1
+PidFile: $SIM_DIR/run/acng.daemon.pid
+Remap-debrep: deb.debian.org/debian ; $MIRROR/
+Remap-secdeb: deb.debian.org/debian-security security.debian.org/debian-security ; http://deb.debian.org/debian-security/
+ExThreshold: 4
+EOC
+  setsid bash -c 'echo $$ >"$1/run/acng.pid"; exec apt-cacher-ng -c "$1/acng-conf"' _ "$SIM_DIR" \
+    </dev/null >"$SIM_DIR/logs/acng/stdout.log" 2>&1 &
+  wait_until 15 acng_listening || { cat "$SIM_DIR/logs/acng/stdout.log" >&2; die "apt-cacher-ng did not listen on $HOST_IP:$ACNG_PORT within 15 s"; }
+  log "apt-cacher-ng on $HOST_IP:$ACNG_PORT, pid $(cat "$SIM_DIR/run/acng.pid")"
+}
+
+build_base_root() {
+  local base=$SIM_DIR/rootfs/base proxy="http://$HOST_IP:$ACNG_PORT" u
+  if [ "$(sed -n 1p "$base/etc/twinspark-sim-base" 2>/dev/null)" = "$BASE_PACKAGES" ]; then
+    log "base root present: $base"
+    return 0
+  fi
+  rm -rf "$base"
+  mkdir -p "$SIM_DIR/rootfs"
+  # Through the host's apt cache, so a rebuild on the same machine downloads nothing.
+  timeout 900 mmdebstrap --variant=apt --include="$BASE_PACKAGES" \
+    --aptopt="Acquire::http::Proxy \"$proxy\"" \
+    "$SUITE" "$base" "deb $MIRROR $SUITE main" >"$SIM_DIR/logs/mmdebstrap.log" 2>&1 \
+    || die "mmdebstrap failed; see $SIM_DIR/logs/mmdebstrap.log"
+  rm -f "$base/etc/apt/apt.conf.d/99mmdebstrap"
+  cat >"$base/etc/apt/sources.list" <<EOS
+deb $MIRROR $SUITE main
+deb $MIRROR $SUITE-updates main
+deb http://deb.debian.org/debian-security $SUITE-security main
+EOS
+  # The nodes have no route off the private ranges: apt goes through the cache on the host's bridge address.
+  echo "Acquire::http::Proxy \"$proxy\";" >"$base/etc/apt/apt.conf.d/01twinspark-sim-proxy"
+  printf '# twinspark-sim: no DNS in the nodes; names are in /etc/hosts\noptions timeout:1 attempts:1\n' \
+    >"$base/etc/resolv.conf"
+  # Timers that take the dpkg lock in the middle of a playbook run, and units with no meaning in a container.
+  for u in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
+           systemd-pstore.service; do
+    ln -sf /dev/null "$base/etc/systemd/system/$u"
+  done
+  rm -f "$base"/etc/ssh/ssh_host_*
+  install -d -m 700 "$base/root/.ssh"
+  install -m 600 "$SSH_KEY.pub" "$base/root/.ssh/authorized_keys"
+  chroot "$base" apt-get clean
+  # Ansible's apt module judges list freshness by the mtime of /var/lib/apt/lists: make the base's look stale, so
+  # `update_cache: true, cache_valid_time: N` in a role really updates before installing.
+  rm -f "$base/var/lib/apt/periodic/update-success-stamp"
+  touch -d @0 "$base/var/lib/apt/lists"
+  printf '%s\n%s\n' "$BASE_PACKAGES" "$(date -u +%FT%TZ)" >"$base/etc/twinspark-sim-base"
+  log "base root built: $(du -sh "$base" | cut -f1)"
+}
+
+hosts_file() {
+  local self=$1 m i
+  printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' "$self"
+  printf '%s\ttwinspark-sim-host\n' "$HOST_IP"
+  for m in "${NODES[@]}"; do
+    i=$(node_index "$m")
+    printf '%s.%s\t%s\n%s.%s\t%s-ic\n' "$MGMT_PREFIX" "$i" "$m" "$IC_PREFIX" "$i" "$m"
+  done
+}
+
+start_node() {
+  local n=$1 dir=$SIM_DIR/nodes/$1 root=$SIM_DIR/nodes/$1/root cg
+  # A node disk made over an older base root is inconsistent with the new one: start that node afresh.
+  if [ -d "$dir/upper" ] && [ "$(cat "$dir/base-stamp" 2>/dev/null)" != "$(base_stamp)" ]; then
+    log "$n: node disk predates the base root; starting it afresh"
+    rm -rf "$dir"
+  fi
+  mkdir -p "$dir"/{upper,work,root}
+  base_stamp >"$dir/base-stamp"
+  mount -t overlay overlay -o "lowerdir=$SIM_DIR/rootfs/base,upperdir=$dir/upper,workdir=$dir/work" "$root"
+  echo "$n" >"$root/etc/hostname"
+  hosts_file "$n" >"$root/etc/hosts"
+  [ -s "$dir/machine-id" ] || tr -d - </proc/sys/kernel/random/uuid >"$dir/machine-id"
+  cp "$dir/machine-id" "$root/etc/machine-id"
+  ls "$root"/etc/ssh/ssh_host_*_key >/dev/null 2>&1 || ssh-keygen -q -A -f "$root"
+  for cg in $(node_cgroup_roots "$n"); do mkdir -p "$cg"; done
+  setsid "$SIM_SCRIPTS/lib/node-launcher" "$n" "$SIM_DIR" \
+    -q --boot --directory="$root" --machine="$n" --register=no --keep-unit \
+    --network-namespace-path="/run/netns/$n" --console=passive --resolv-conf=off --link-journal=no \
+    --timezone=off --capability=CAP_NET_ADMIN --bind-ro="$SIM_DIR/wheelhouse:/opt/wheelhouse" \
+    </dev/null >>"$SIM_DIR/logs/$n.console.log" 2>&1 &
+}
+
+wait_node_booted() {
+  local n=$1 t=$2 state="" deadline
+  wait_until 10 leader_pid "$n" >/dev/null || { tail -20 "$SIM_DIR/logs/$n.console.log" >&2; die "$n: systemd-nspawn did not start"; }
+  deadline=$(( $(date +%s) + 90 ))
+  # Right after the fork systemd has not opened its bus yet ("offline"): ask again until it answers.
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    state=$(NX_TIMEOUT=30 nx "$n" systemctl is-system-running --wait 2>/dev/null) || true
+    case "$state" in running|degraded|maintenance|stopping) break;; esac
+    sleep 0.2
+  done
+  case "$state" in
+    running) log "$n: booted (systemd pid $(leader_pid "$n")) after $(elapsed "$t") s";;
+    degraded) log "$n: booted DEGRADED after $(elapsed "$t") s; failed units:"
+              NX_TIMEOUT=10 nx "$n" systemctl --failed --no-pager --plain >&2 || true;;
+    *) tail -20 "$SIM_DIR/logs/$n.console.log" >&2; die "$n: not booted within 90 s (state '$state')";;
+  esac
+}
+
+wait_node_ssh() {
+  local n=$1
+  wait_until 30 eval "SSH_TIMEOUT=10 node_ssh $n true 2>/dev/null" \
+    || die "$n: no SSH answer on $MGMT_PREFIX.$(node_index "$n") within 30 s"
+  log "$n: ssh root@$MGMT_PREFIX.$(node_index "$n") answers"
+}
+
+boot_nodes() {
+  local n t
+  t=$(now)
+  for n in "${NODES[@]}"; do start_node "$n"; done
+  for n in "${NODES[@]}"; do wait_node_booted "$n" "$t"; done
+  for n in "${NODES[@]}"; do wait_node_ssh "$n"; done
+}
+
+build_tiny_model() {
+  local venv=$SIM_DIR/tools-venv model=$SIM_DIR/models/tiny-llama
+  if [ -f "$model/.complete" ]; then log "tiny model present: $model"; return 0; fi
+  # The tools venv installs offline from the wheelhouse, so the model is written by the same transformers
+  # release that vLLM reads it with in the nodes.
+  if [ ! -f "$venv/.complete" ]; then
+    rm -rf "$venv"
+    timeout 120 python3 -m venv "$venv"
+    timeout 900 "$venv/bin/pip" install -q --no-index --find-links "$SIM_DIR/wheelhouse" \
+      torch==2.13.0 transformers tokenizers safetensors >"$SIM_DIR/logs/tools-venv.log" 2>&1 \
+      || die "tools venv install failed; see $SIM_DIR/logs/tools-venv.log"
+    touch "$venv/.complete"
+  fi
+  rm -rf "$model.partial"
+  timeout 600 "$venv/bin/python" "$SIM_SCRIPTS/make-tiny-model.py" "$model.partial" \
+    || die "building the tiny model failed"
+  rm -rf "$model"
+  mv "$model.partial" "$model"
+  touch "$model/.complete"
+}

