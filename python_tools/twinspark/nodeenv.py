@@ -1,0 +1,142 @@
+"""A node's env mapping from inventory values: the head/worker derivation, per-node overrides, validation.
+
+Pure functions over plain data. The Ansible filter `twinspark_node_env` (filter_plugins/twinspark.py) and
+`twinspark env defaults` both come through here, so a rendered env file and a hand-made one obey the same rules.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from twinspark import settings, validate
+from twinspark.settings import Knob, Registry
+
+RANKS = (0, 1)
+ROLE_OF_RANK = {0: "head", 1: "worker"}
+FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
+"""The per-host inventory variable holding a node's own interconnect address (not a knob: it feeds derived ones)."""
+
+
+class NodeEnvError(ValueError):
+    """The inventory gives an invalid env for a node; carries every problem, named by inventory variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def env_text(value: Any) -> str | None:
+    """An inventory value as env-file text; None (YAML null) means "not set"."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(item) for item in value)
+    return str(value)
+
+
+def _knob_for(name: str, registry: Registry) -> Knob | None:
+    return registry.get(name) or registry.by_var(name)
+
+
+def describe(env: str, registry: Registry) -> str:
+    """How a problem about `env` names the thing the operator edits."""
+    names = [part.strip() for part in env.split(",")]
+    out = []
+    for name in names:
+        knob = registry.get(name)
+        if knob is None:
+            out.append(name)
+        elif knob.derived:
+            out.append(f"{name} (derived from {FABRIC_ADDRESS_VAR} and the groups twinspark_head/twinspark_worker)")
+        else:
+            out.append(f"{knob.var} ({name})")
+    return ", ".join(out)
+
+
+def node_env(
+    knobs: Mapping[str, Any],
+    rank: int,
+    head_fabric_address: str,
+    worker_fabric_address: str,
+    node_overrides: Mapping[str, Any] | None = None,
+    registry: Registry | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(serve env, secrets env) for the node of `rank`, every applicable default written out.
+
+    `knobs` holds the pair's values, keyed by inventory variable (twinspark_max_num_seqs) or env name
+    (MAX_NUM_SEQS); `node_overrides` this node's own values for per-node knobs. NODE_RANK, MASTER_ADDR,
+    WORKER_HOST and VLLM_HOST_IP are derived from the rank and the two fabric addresses. Raises NodeEnvError
+    listing every problem.
+    """
+    registry = registry or settings.load()
+    problems: list[str] = []
+    raw: dict[str, str] = {}
+    if rank not in RANKS:
+        raise NodeEnvError([f"rank: must be 0 (head) or 1 (worker), got {rank!r}"])
+
+    for source, values in (("inventory", knobs), ("node override", node_overrides or {})):
+        for name, value in values.items():
+            knob = _knob_for(name, registry)
+            if knob is None:
+                problem = _unknown_name(name, registry)
+                if problem:
+                    problems.append(problem)
+                continue
+            if knob.derived:
+                problems.append(f"{knob.var}: is derived from {FABRIC_ADDRESS_VAR} and the inventory groups; "
+                                "remove it from the inventory")
+                continue
+            if source == "node override" and not knob.per_node:
+                problems.append(f"{knob.var}: must be the same on both nodes; set it for the whole pair "
+                                "(group_vars), not per host")
+                continue
+            text = env_text(value)
+            if text is not None:
+                raw[knob.env] = text
+
+    for label, address in (("head", head_fabric_address), ("worker", worker_fabric_address)):
+        if not address:
+            problems.append(f"{FABRIC_ADDRESS_VAR}: missing on the {label}; set the node's own fabric address "
+                            "as a host variable")
+    raw.update({
+        "NODE_RANK": str(rank),
+        "MASTER_ADDR": str(head_fabric_address or ""),
+        "WORKER_HOST": str(worker_fabric_address or ""),
+        "VLLM_HOST_IP": str((head_fabric_address if rank == 0 else worker_fabric_address) or ""),
+    })
+    result = validate.validate(raw, registry)
+    for problem in result.problems:
+        if problem.var in ("MASTER_ADDR", "WORKER_HOST", "VLLM_HOST_IP") and not raw.get(problem.var):
+            continue  # already reported as a missing fabric address
+        problems.append(f"{describe(problem.var, registry)}: {problem.message}"
+                        + (f" (allowed: {problem.allowed})" if problem.allowed else ""))
+    if problems:
+        raise NodeEnvError(problems)
+    serve = {k: v for k, v in result.values.items() if registry[k].file == "serve"}
+    secrets = {k: v for k, v in result.values.items() if registry[k].file == "secrets"}
+    return serve, secrets
+
+
+def _unknown_name(name: str, registry: Registry) -> str | None:
+    """A problem for an inventory name that looks like a misspelt knob; None for anything else."""
+    if name == FABRIC_ADDRESS_VAR or not name.startswith("twinspark_"):
+        return None
+    known = [k.var for k in registry.knobs]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=validate.TYPO_CUTOFF)
+    if close:
+        return f"{name}: unknown variable; did you mean {close[0]}?"
+    return None
+
+
+def example_env(profile: str, rank: int, registry: Registry | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Every default for `profile`/`rank`, with fabric addresses from the documentation range 192.0.2.0/24."""
+    return node_env({"TWINSPARK_PROFILE": profile}, rank, EXAMPLE_HEAD_ADDRESS, EXAMPLE_WORKER_ADDRESS,
+                    registry=registry)
+
+
+EXAMPLE_HEAD_ADDRESS = "192.0.2.1"
+EXAMPLE_WORKER_ADDRESS = "192.0.2.2"

@@ -1,0 +1,256 @@
+"""The knob registry (settings.yml) loaded into plain dataclasses.
+
+Nothing here decides whether a value is valid (validate.py does); this module only answers "which knobs exist,
+what are they called, and what is their default under a profile and rank".
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+PROFILES = ("gb10", "cpu")
+CONCERNS = ("cluster", "fabric", "serving", "model", "security")
+TYPES = (
+    "str", "int", "float", "bool", "choice", "port", "ipv4", "ip", "path", "model", "revision", "ifname", "hca",
+    "keys", "passthrough",
+)
+PASSES = ("env", "arg", "launcher")
+FILES = ("serve", "secrets")
+EMPTY_MEANINGS = ("default", "absent", "keep")
+KNOWN_FIELDS = {
+    "env", "var", "type", "default", "default_from", "choices", "min", "max", "min_exclusive", "multiple_of",
+    "allow_auto", "empty", "profiles", "required", "derived", "per_node", "secret", "concern", "file", "passes",
+    "arg", "doc", "single",
+}
+
+
+class RegistryError(ValueError):
+    """settings.yml itself is malformed (a defect in the package, not in the operator's input)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    env: str
+    var: str
+    type: str
+    doc: str
+    concern: str
+    file: str
+    passes: str
+    default: Any = None
+    default_from: str | None = None
+    choices: tuple[str, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: float | None = None
+    multiple_of: int | None = None
+    allow_auto: bool = False
+    empty: str = "default"
+    profiles: tuple[str, ...] = PROFILES
+    required: bool = False
+    derived: bool = False
+    per_node: bool = False
+    secret: bool = False
+    single: bool = False
+    arg: str | None = None
+
+    def applies_to(self, profile: str) -> bool:
+        return profile in self.profiles
+
+    def default_for(self, profile: str, rank: int | None = None) -> str | None:
+        """The default as env-file text under `profile` (and `rank`), or None when the default is "absent"."""
+        value = self.default
+        if isinstance(value, dict) and set(value) <= set(PROFILES):
+            value = value.get(profile)
+        if isinstance(value, dict) and "by_rank" in value:
+            value = None if rank is None else value["by_rank"][rank]
+        if not self.applies_to(profile):
+            return None
+        return None if value is None else to_env_text(value)
+
+    def allowed(self) -> str:
+        """Human description of the allowed values, for problem messages and docs."""
+        if self.type == "choice":
+            return ", ".join(self.choices)
+        if self.type == "bool":
+            base = "1/0 (also true/false, yes/no, on/off)"
+            return base + (", auto" if self.allow_auto else "")
+        if self.type == "port":
+            return "1-65535"
+        if self.type in ("int", "float"):
+            parts = []
+            if self.min_exclusive is not None:
+                parts.append(f"> {_num(self.min_exclusive)}")
+            if self.min is not None:
+                parts.append(f">= {_num(self.min)}")
+            if self.max is not None:
+                parts.append(f"<= {_num(self.max)}")
+            if self.multiple_of is not None:
+                parts.append(f"multiple of {self.multiple_of}")
+            kind = "integer" if self.type == "int" else "number"
+            return kind + (" " + ", ".join(parts) if parts else "")
+        return {
+            "ipv4": "an IPv4 address",
+            "ip": "an IPv4 or IPv6 address",
+            "path": "an absolute path",
+            "model": "a Hugging Face repository id (org/name) or an absolute path",
+            "revision": "a commit hash, tag or branch; empty for none",
+            "ifname": "interface names (NCCL_SOCKET_IFNAME syntax)",
+            "hca": "an NCCL_IB_HCA selector",
+            "keys": "a single key" if self.single else "keys separated by spaces or tabs",
+            "passthrough": "any text, handed on unchanged",
+            "str": "text on one line",
+        }[self.type]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    doc: str
+    fixed_args: tuple[str, ...]
+    fixed_env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Registry:
+    knobs: tuple[Knob, ...]
+    profiles: dict[str, Profile]
+    common_args: tuple[str, ...]
+    common_env: dict[str, str]
+    _by_env: dict[str, Knob] = field(default_factory=dict, repr=False)
+    _by_var: dict[str, Knob] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_env.update({k.env: k for k in self.knobs})
+        self._by_var.update({k.var: k for k in self.knobs})
+
+    def get(self, env: str) -> Knob | None:
+        return self._by_env.get(env)
+
+    def by_var(self, var: str) -> Knob | None:
+        return self._by_var.get(var)
+
+    def __getitem__(self, env: str) -> Knob:
+        return self._by_env[env]
+
+    def fixed_args(self, profile: str) -> tuple[str, ...]:
+        return self.common_args + self.profiles[profile].fixed_args
+
+    def fixed_env(self, profile: str) -> dict[str, str]:
+        return {**self.common_env, **self.profiles[profile].fixed_env}
+
+    def defaults(self, profile: str, rank: int | None = None) -> dict[str, str]:
+        """Every knob's default under `profile`/`rank` (absent ones left out), in registry order."""
+        out: dict[str, str] = {}
+        for knob in self.knobs:
+            value = knob.default_for(profile, rank)
+            if value is None and knob.default_from and knob.applies_to(profile):
+                value = out.get(knob.default_from)
+            if value is not None:
+                out[knob.env] = value
+        out["TWINSPARK_PROFILE"] = profile
+        return out
+
+
+def to_env_text(value: Any) -> str:
+    """A YAML scalar as env-file text (booleans as 1/0, numbers as written)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _tuple(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in (value or ()))
+
+
+def parse_registry(data: dict[str, Any]) -> Registry:
+    """Build a Registry from settings.yml's parsed content, rejecting a malformed registry early."""
+    knobs = []
+    for entry in data["knobs"]:
+        unknown = set(entry) - KNOWN_FIELDS
+        if unknown:
+            raise RegistryError(f"{entry.get('env')}: unknown registry field(s) {sorted(unknown)}")
+        env = entry["env"]
+        var = entry.get("var", "twinspark_" + env.lower())
+        knob = Knob(
+            env=env,
+            var=var,
+            type=entry["type"],
+            doc=" ".join(str(entry["doc"]).split()),
+            concern=entry["concern"],
+            file=entry["file"],
+            passes=entry["passes"],
+            default=entry.get("default"),
+            default_from=entry.get("default_from"),
+            choices=_tuple(entry.get("choices")),
+            min=entry.get("min"),
+            max=entry.get("max"),
+            min_exclusive=entry.get("min_exclusive"),
+            multiple_of=entry.get("multiple_of"),
+            allow_auto=bool(entry.get("allow_auto", False)),
+            empty=entry.get("empty", "default"),
+            profiles=_tuple(entry.get("profiles", PROFILES)),
+            required=bool(entry.get("required", False)),
+            derived=bool(entry.get("derived", False)),
+            per_node=bool(entry.get("per_node", False)),
+            secret=bool(entry.get("secret", False)),
+            single=bool(entry.get("single", False)),
+            arg=entry.get("arg"),
+        )
+        _check_knob(knob)
+        knobs.append(knob)
+    envs = [k.env for k in knobs]
+    if len(set(envs)) != len(envs):
+        raise RegistryError("duplicate env names in the registry")
+    profiles = {
+        name: Profile(
+            name=name,
+            doc=" ".join(str(spec.get("doc", "")).split()),
+            fixed_args=_tuple(spec.get("fixed_args")),
+            fixed_env={str(k): to_env_text(v) for k, v in (spec.get("fixed_env") or {}).items()},
+        )
+        for name, spec in data["profiles"].items()
+    }
+    if tuple(profiles) != PROFILES:
+        raise RegistryError(f"profiles must be exactly {PROFILES}")
+    common = data.get("common") or {}
+    return Registry(
+        knobs=tuple(knobs),
+        profiles=profiles,
+        common_args=_tuple(common.get("fixed_args")),
+        common_env={str(k): to_env_text(v) for k, v in (common.get("fixed_env") or {}).items()},
+    )
+
+
+def _check_knob(knob: Knob) -> None:
+    checks = [
+        (knob.type in TYPES, f"type {knob.type!r}"),
+        (knob.concern in CONCERNS, f"concern {knob.concern!r}"),
+        (knob.file in FILES, f"file {knob.file!r}"),
+        (knob.passes in PASSES, f"passes {knob.passes!r}"),
+        (knob.empty in EMPTY_MEANINGS, f"empty {knob.empty!r}"),
+        (set(knob.profiles) <= set(PROFILES), f"profiles {knob.profiles!r}"),
+        (knob.var.startswith("twinspark_"), f"var {knob.var!r} lacks the twinspark_ prefix"),
+        (knob.passes != "arg" or bool(knob.arg), "passes: arg without an arg"),
+        (knob.type != "choice" or bool(knob.choices), "choice without choices"),
+        (knob.secret == (knob.file == "secrets"), "secret knobs, and only they, live in secrets.env"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            raise RegistryError(f"{knob.env}: bad {what}")
+
+
+@functools.cache
+def load() -> Registry:
+    """The packaged registry (cached: it never changes while a process runs)."""
+    text = resources.files("twinspark").joinpath("settings.yml").read_text(encoding="utf-8")
+    return parse_registry(yaml.safe_load(text))

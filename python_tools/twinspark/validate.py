@@ -1,0 +1,324 @@
+"""Whether an env mapping is valid, and its normalised form.
+
+`validate(raw)` is a pure function: it takes what the env files (or the inventory) say, as strings, and returns
+the normalised mapping with every default filled in, plus a list of problems. A problem names the variable, what
+is wrong and what is allowed; it never contains a secret's value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from twinspark import settings
+from twinspark.settings import Knob, Registry
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+AUTO = "auto"
+_DIGITS = re.compile(r"[0-9]+\Z")
+_DECIMAL = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)\Z")
+_MULTILINE = re.compile(r"[\r\n\v\f]")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+\Z")
+_REVISION = re.compile(r"[A-Za-z0-9._/-]+\Z")
+_IFNAME_LIST = re.compile(r"[\^=]?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*\Z")
+IFNAMSIZ = 16  # Linux interface names are at most 15 bytes
+TYPO_CUTOFF = 0.9
+
+
+@dataclass(frozen=True)
+class Problem:
+    var: str
+    message: str
+    allowed: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.var}: {self.message}" + (f" (allowed: {self.allowed})" if self.allowed else "")
+
+
+@dataclass
+class Result:
+    """The outcome of validating one node's env mapping."""
+
+    profile: str
+    values: dict[str, str] = field(default_factory=dict)
+    """Every knob that applies, normalised, defaults filled in, absent ones left out; registry order."""
+    others: dict[str, str] = field(default_factory=dict)
+    """Variables that are not knobs (handed to vLLM unchanged)."""
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def rank(self) -> int | None:
+        value = self.values.get("NODE_RANK")
+        return int(value) if value is not None else None
+
+
+class _Invalid(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _got(knob: Knob, raw: str) -> str:
+    """The offending value for a message, or nothing for a secret."""
+    if knob.secret:
+        return ""
+    shown = raw if len(raw) <= 60 else raw[:57] + "..."
+    return f" (got {shown!r})"
+
+
+def _bool(knob: Knob, text: str) -> str:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return "1"
+    if word in FALSE_WORDS:
+        return "0"
+    if knob.allow_auto and word == AUTO:
+        return AUTO
+    raise _Invalid("is not a boolean")
+
+
+def _number_bounds(knob: Knob, number: float) -> None:
+    if knob.min_exclusive is not None and number <= knob.min_exclusive:
+        raise _Invalid(f"must be greater than {settings._num(knob.min_exclusive)}")
+    if knob.min is not None and number < knob.min:
+        raise _Invalid(f"must be at least {settings._num(knob.min)}")
+    if knob.max is not None and number > knob.max:
+        raise _Invalid(f"must be at most {settings._num(knob.max)}")
+    if knob.multiple_of is not None and number % knob.multiple_of:
+        raise _Invalid(f"must be a multiple of {knob.multiple_of}")
+
+
+def _int(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if not _DIGITS.match(text):
+        raise _Invalid("is not a whole number (base 10 digits only)")
+    number = int(text, 10)
+    _number_bounds(knob, number)
+    return str(number)
+
+
+def _port(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if not _DIGITS.match(text) or not 1 <= int(text, 10) <= 65535:
+        raise _Invalid("is not a TCP port")
+    return str(int(text, 10))
+
+
+def _float(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if not _DECIMAL.match(text):
+        raise _Invalid("is not a decimal number")
+    _number_bounds(knob, float(text))
+    return text
+
+
+def _choice(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if text not in knob.choices:
+        raise _Invalid("is not one of the allowed values")
+    return text
+
+
+def _single_line(text: str) -> str:
+    if _MULTILINE.search(text):
+        raise _Invalid("must be a single line")
+    return text.strip()
+
+
+def _ipv4(knob: Knob, text: str) -> str:
+    text = text.strip()
+    try:
+        address = ipaddress.IPv4Address(text)
+    except ValueError:
+        raise _Invalid("is not an IPv4 address") from None
+    if address.is_unspecified or address.is_loopback or address.is_multicast:
+        raise _Invalid("must be a node's own unicast address (never 0.0.0.0, 127.x or multicast)")
+    return str(address)
+
+
+def _ip(knob: Knob, text: str) -> str:
+    text = text.strip()
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise _Invalid("is not an IP address") from None
+    return text
+
+
+def _path(knob: Knob, text: str) -> str:
+    text = _single_line(text)
+    if not text.startswith("/"):
+        raise _Invalid("is not an absolute path")
+    return text
+
+
+def _model(knob: Knob, text: str) -> str:
+    text = _single_line(text)
+    if not (text.startswith("/") or _REPO_ID.match(text)):
+        raise _Invalid("is neither a Hugging Face repository id (org/name) nor an absolute path")
+    return text
+
+
+def _revision(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if text and not _REVISION.match(text):
+        raise _Invalid("is not a revision (letters, digits, . _ / - only)")
+    return text
+
+
+def _ifname(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if not _IFNAME_LIST.match(text):
+        raise _Invalid("is not a list of interface names")
+    names = text.lstrip("^=").split(",")
+    if any(len(name.encode()) >= IFNAMSIZ for name in names):
+        raise _Invalid("names an interface longer than 15 bytes")
+    return text
+
+
+def _hca(knob: Knob, text: str) -> str:
+    if _MULTILINE.search(text) or re.search(r"\s", text.strip()):
+        raise _Invalid("contains whitespace, which NCCL would take as part of a device name")
+    text = text.strip()
+    if not text.lstrip("^="):
+        raise _Invalid("selects no device")
+    return text
+
+
+def _str(knob: Knob, text: str) -> str:
+    return _single_line(text)
+
+
+def _passthrough(knob: Knob, text: str) -> str:
+    return text
+
+
+def _keys(knob: Knob, text: str) -> str:
+    if _MULTILINE.search(text):
+        raise _Invalid("must be a single line (no carriage return, line feed, vertical tab or form feed)")
+    if "\\" in text:
+        raise _Invalid("must not contain a backslash")
+    keys = [key for key in re.split(r"[ \t]+", text) if key]
+    if knob.single and len(keys) > 1:
+        raise _Invalid("holds more than one key; put several keys in DSPARK_API_KEYS")
+    if any(key.startswith("-") for key in keys):
+        raise _Invalid("has a key starting with '-', which vLLM would read as an option")
+    return " ".join(keys)
+
+
+_NORMALISERS = {
+    "str": _str, "int": _int, "float": _float, "bool": _bool, "choice": _choice, "port": _port, "ipv4": _ipv4,
+    "ip": _ip, "path": _path, "model": _model, "revision": _revision, "ifname": _ifname, "hca": _hca,
+    "keys": _keys, "passthrough": _passthrough,
+}
+
+
+def _is_blank(knob: Knob, text: str) -> bool:
+    if knob.type == "passthrough":
+        return text == ""
+    if knob.type == "keys":
+        return text.strip(" \t") == ""
+    return text.strip() == ""
+
+
+def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result:
+    """Validate and normalise one node's env mapping (values as env-file text)."""
+    registry = registry or settings.load()
+    problems: list[Problem] = []
+    profile_knob = registry["TWINSPARK_PROFILE"]
+    profile = raw.get("TWINSPARK_PROFILE", "").strip() or profile_knob.default_for("gb10")
+    if profile not in settings.PROFILES:
+        problems.append(Problem("TWINSPARK_PROFILE", f"unknown profile{_got(profile_knob, profile)}",
+                                profile_knob.allowed()))
+        profile = "gb10"
+    result = Result(profile=profile)
+    rank_text = raw.get("NODE_RANK", "").strip()
+    rank = int(rank_text) if rank_text in ("0", "1") else None
+
+    for knob in registry.knobs:
+        text = raw.get(knob.env)
+        if not knob.applies_to(profile):
+            if text is not None and not _is_blank(knob, text):
+                problems.append(Problem(
+                    knob.env,
+                    f"applies only to the {'/'.join(knob.profiles)} profile, not {profile}; remove it",
+                ))
+            continue
+        value: str | None
+        if text is None or (_is_blank(knob, text) and knob.empty != "keep"):
+            value = None if (text is not None and knob.empty == "absent") else knob.default_for(profile, rank)
+        else:
+            try:
+                value = _NORMALISERS[knob.type](knob, text)
+            except _Invalid as exc:
+                problems.append(Problem(knob.env, exc.message + _got(knob, text), knob.allowed()))
+                continue
+        if value is None and knob.default_from:
+            value = result.values.get(knob.default_from)
+        if value is not None:
+            result.values[knob.env] = value
+        elif knob.required:
+            how = "derived from the inventory" if knob.derived else "set"
+            problems.append(Problem(knob.env, f"is required (it is {how} per node); add it to the env file"))
+
+    for name, text in raw.items():
+        if registry.get(name) is None:
+            problem = _unknown_variable(name, profile, registry)
+            if problem:
+                problems.append(problem)
+            else:
+                result.others[name] = text
+
+    problems.extend(_cross_checks(result.values, profile))
+    result.problems = problems
+    return result
+
+
+def _unknown_variable(name: str, profile: str, registry: Registry) -> Problem | None:
+    fixed = registry.fixed_env(profile)
+    if name in fixed:
+        return Problem(name, f"is fixed by the {profile} profile ({fixed[name]}) and set by the launcher; remove it")
+    known = [k.env for k in registry.knobs]
+    upper = name.upper()
+    if upper != name and upper in known:
+        return Problem(name, f"unknown variable; did you mean {upper}? (names are case-sensitive)")
+    close = difflib.get_close_matches(upper, known, n=1, cutoff=TYPO_CUTOFF)
+    if close:
+        return Problem(name, f"unknown variable; did you mean {close[0]}?")
+    return None
+
+
+def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
+    problems = []
+    rank = values.get("NODE_RANK")
+    host_ip = values.get("VLLM_HOST_IP")
+    master = values.get("MASTER_ADDR")
+    worker = values.get("WORKER_HOST")
+    if rank == "0" and host_ip and master and host_ip != master:
+        problems.append(Problem("VLLM_HOST_IP", f"on the head (NODE_RANK=0) must equal MASTER_ADDR ({master}), "
+                                                f"got {host_ip}"))
+    if rank == "1" and host_ip and worker and host_ip != worker:
+        problems.append(Problem("VLLM_HOST_IP", f"on the worker (NODE_RANK=1) must equal WORKER_HOST ({worker}), "
+                                                f"got {host_ip}"))
+    if master and worker and master == worker:
+        problems.append(Problem("WORKER_HOST", f"equals MASTER_ADDR ({master}); the two nodes need their own "
+                                               "fabric addresses"))
+    if values.get("NCCL_IB_GID_AUTO") == "0" and "NCCL_IB_GID_INDEX" not in values:
+        problems.append(Problem("NCCL_IB_GID_INDEX", "is required when NCCL_IB_GID_AUTO=0; pin it, or set "
+                                                     "NCCL_IB_GID_AUTO=1 to resolve it on each node at start"))
+    model = values.get("MODEL", "")
+    if model.startswith("/") and values.get("MODEL_REVISION"):
+        problems.append(Problem("MODEL_REVISION", f"must be empty for a local model directory (MODEL={model}); "
+                                                  "set MODEL_REVISION= (empty)"))
+    if values.get("VLLM_API_KEY") and values.get("DSPARK_API_KEYS"):
+        problems.append(Problem("VLLM_API_KEY, DSPARK_API_KEYS", "both are set; keep exactly one of them "
+                                                                 "(DSPARK_API_KEYS holds several keys)"))
+    return problems
