@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup lint unit test demo sim-up sim-down
+.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test
 
 $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,3 +27,23 @@ unit: setup
 	cd python_tools && pytest -q
 
 test: lint unit
+
+# The simulated pair (scripts/sim/, run as root). PURGE=1 also drops the node disks.
+PURGE ?=
+
+sim-up:
+	scripts/sim/up
+
+sim-down:
+	scripts/sim/down $(if $(PURGE),--purge)
+
+sim-status:
+	scripts/sim/status
+
+# The README's main job: the pair if missing, site.yml on it, health, one chat answer, time per phase.
+demo: setup
+	scripts/sim/demo
+
+# The molecule scenario: create, converge, idempotence (changed=0), verify, destroy.
+sim-test: setup
+	timeout 3600 molecule test --scenario-name default

@@ -79,6 +79,7 @@ Remap-debrep: deb.debian.org/debian ; $MIRROR/
 Remap-secdeb: deb.debian.org/debian-security security.debian.org/debian-security ; http://deb.debian.org/debian-security/
 ExThreshold: 4
 EOC
+  # shellcheck disable=SC2016  # expanded by the inner shell
   setsid bash -c 'echo $$ >"$1/run/acng.pid"; exec apt-cacher-ng -c "$1/acng-conf"' _ "$SIM_DIR" \
     </dev/null >"$SIM_DIR/logs/acng/stdout.log" 2>&1 &
   wait_until 15 acng_listening || { cat "$SIM_DIR/logs/acng/stdout.log" >&2; die "apt-cacher-ng did not listen on $HOST_IP:$ACNG_PORT within 15 s"; }

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # the settings here are used by the scripts that source this file
 # Settings and helpers shared by the simulated-pair commands in scripts/sim/.
 # Every name the harness creates on the host is spelled here, so `down` removes exactly what `up` made.
 set -euo pipefail
@@ -49,7 +49,7 @@ phase() {
 phase_report() {
   local p
   printf '%-22s %8s\n' phase seconds
-  for p in "${PHASES[@]}"; do printf '%-22s %8s\n' ${p}; done
+  for p in "${PHASES[@]}"; do printf '%-22s %8s\n' "${p% *}" "${p##* }"; done
 }
 
 # Processes: run/<node>.pid holds the launcher loop (scripts/sim/lib/node-launcher), whose child is systemd-nspawn,

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Ask the serving pair one chat question through the head's OpenAI-compatible API and print the answer.
+
+Usage: chat-once.py BASE_URL [QUESTION]
+The API key, when the pair has one, comes from the environment (TWINSPARK_API_KEY) and is never printed.
+The first request after a start compiles a kernel on each rank, so the wait is long but bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import requests
+
+TIMEOUT_S = 300
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3):
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    base = argv[1].rstrip("/")
+    question = argv[2] if len(argv) == 3 else "Hello! Which two nodes are answering me?"
+    headers = {}
+    if os.environ.get("TWINSPARK_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['TWINSPARK_API_KEY']}"
+    try:
+        models = requests.get(f"{base}/v1/models", headers=headers, timeout=30)
+        models.raise_for_status()
+        model = models.json()["data"][0]["id"]
+        started = time.monotonic()
+        answer = requests.post(
+            f"{base}/v1/chat/completions",
+            headers=headers,
+            json={"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 16},
+            timeout=TIMEOUT_S,
+        )
+        answer.raise_for_status()
+    except (requests.RequestException, KeyError, IndexError, ValueError) as error:
+        print(f"chat completion through {base} failed: {error}", file=sys.stderr)
+        return 1
+    body = answer.json()
+    usage = body.get("usage", {})
+    print(f"model {model} answered in {time.monotonic() - started:.1f} s")
+    print(f"  question: {question}")
+    print(f"  answer:   {body['choices'][0]['message']['content']!r}")
+    print(f"  tokens:   {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
