@@ -109,9 +109,9 @@ def test_more_than_twenty_problems_lists_twenty_names_and_counts_the_rest(tmp_pa
 
 def test_directory_without_index_or_single_shard_fails(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
-    code, _, err = run_cli(capsys, "verify", str(tmp_path))
+    code, out, _ = run_cli(capsys, "verify", str(tmp_path))
     assert code == 1
-    assert model.INDEX_NAME in err
+    assert "not a checkpoint" in out and model.INDEX_NAME in out
 
 
 def test_missing_directory_is_a_problem_not_a_crash(tmp_path, capsys):
@@ -236,9 +236,29 @@ def test_verify_from_the_cache_checks_the_offline_ref(tmp_path, capsys):
 
 
 def test_branch_revision_that_never_resolved_fails_with_the_ref_path(tmp_path, capsys):
-    code, out, _ = run_cli(capsys, "verify", "--repo-id", "org/name", "--revision", "main", "--hf-home", str(tmp_path))
+    argv = ["verify", "--repo-id", "org/name", "--revision", "main", "--hf-home", str(tmp_path), "--json"]
+    code, out, _ = run_cli(capsys, *argv)
     assert code == 1
-    assert "refs/main" in out and "twinspark model fetch" in out
+    (problem,) = json.loads(out)["problems"]
+    assert problem["path"] == str(model.ref_path(tmp_path, "org/name", "main"))
+    assert "twinspark model fetch" in problem["detail"]
+
+
+def test_damaged_snapshot_entry_names_the_blob_that_holds_its_bytes(tmp_path):
+    """A hub snapshot's files are links into blobs/: the repair must copy the blob, not the link."""
+    repo_id, commit = "example-org/tiny", "c" * 40
+    storage = model.repo_storage_dir(tmp_path, repo_id)
+    blob = storage / "blobs" / ("d" * 64)
+    size = write_safetensors(blob, {"w": 512})
+    snapshot = model.snapshot_dir(tmp_path, repo_id, commit)
+    snapshot.mkdir(parents=True)
+    (snapshot / model.SINGLE_SHARD_NAME).symlink_to(Path("../../blobs") / blob.name)
+    blob.write_bytes(blob.read_bytes()[: size // 2])
+
+    (problem,) = model.verify_model_dir(snapshot).problems
+
+    assert (problem.name, problem.kind) == (model.SINGLE_SHARD_NAME, "short")
+    assert problem.path == str(blob)
 
 
 # --- download plan ------------------------------------------------------------------------------------------

@@ -305,6 +305,8 @@ class Problem:
     name: str
     kind: str  # missing | short | too long | unreadable header | checksum mismatch | offline ref
     detail: str = ""
+    # The file that holds the bytes (a hub snapshot's entries are links into blobs/): what a repair must copy.
+    path: str = ""
 
     def line(self) -> str:
         return f"{self.name}: {self.kind}" + (f" ({self.detail})" if self.detail else "")
@@ -327,6 +329,7 @@ class VerifyReport:
         data = dataclasses.asdict(self)
         data["ok"] = self.ok
         data["problem_names"] = [p.name for p in self.problems]
+        data["summary"] = self.text().splitlines()
         return data
 
     def text(self) -> str:
@@ -439,13 +442,15 @@ def verify_model_dir(
     other listed file too, and with check_sha256 every file's SHA-256 against the manifest."""
     root = Path(model_dir)
     if not root.is_dir():
-        return VerifyReport(str(root), 0, 0, 0, check_sha256, [Problem(str(root), "missing", "no such directory")])
+        missing = Problem(str(root), "missing", "no such directory", str(root))
+        return VerifyReport(str(root), 0, 0, 0, check_sha256, [missing])
     expected = dict(manifest["files"]) if manifest else {}
     try:
         shards = shard_names(root)
     except ModelRuntimeError as exc:
         if not expected:
-            raise
+            problem = Problem(str(root), "not a checkpoint", str(exc), str(root))
+            return VerifyReport(str(root), 0, 0, 0, check_sha256, [problem])
         shards = []  # the index itself is reported below as a missing manifest entry
         index_problem = str(exc)
     else:
@@ -456,7 +461,7 @@ def verify_model_dir(
     for name in names:
         path = root / name
         if not path.is_file():
-            problems.append(Problem(name, "missing"))
+            problems.append(Problem(name, "missing", path=os.path.realpath(path)))
             continue
         size = path.stat().st_size
         want = expected.get(name, {}).get("size")
@@ -464,19 +469,20 @@ def verify_model_dir(
             try:
                 want = safetensors_size(path)
             except (ValueError, OSError) as exc:
-                problems.append(Problem(name, "unreadable header", str(exc)))
+                problems.append(Problem(name, "unreadable header", str(exc), os.path.realpath(path)))
                 continue
         if size != want:
             kind = "short" if size < want else "too long"
-            problems.append(Problem(name, kind, f"{size} of {want} bytes"))
+            problems.append(Problem(name, kind, f"{size} of {want} bytes", os.path.realpath(path)))
             continue
         total += size
         if check_sha256:
             want_sha = expected.get(name, {}).get("sha256")
             if want_sha and hasher(path) != want_sha:
-                problems.append(Problem(name, "checksum mismatch", "sha256 differs from the manifest"))
+                detail = "sha256 differs from the manifest"
+                problems.append(Problem(name, "checksum mismatch", detail, os.path.realpath(path)))
     if index_problem and not any(p.name == INDEX_NAME for p in problems):
-        problems.append(Problem(INDEX_NAME, "unreadable", index_problem))
+        problems.append(Problem(INDEX_NAME, "unreadable", index_problem, str(root / INDEX_NAME)))
     return VerifyReport(str(root), len(shards), len(names), total, check_sha256, problems)
 
 
@@ -485,9 +491,11 @@ def check_offline_ref(hf_home: str | Path, repo_id: str, commit: str, branch: st
     try:
         found = path.read_text().strip()
     except FileNotFoundError:
-        return Problem(f"refs/{branch}", "offline ref", f"{path} is missing; `twinspark model fetch` writes it")
+        detail = f"{path} is missing; `twinspark model fetch` writes it"
+        return Problem(f"refs/{branch}", "offline ref", detail, str(path))
     if found != commit:
-        return Problem(f"refs/{branch}", "offline ref", f"points at {found[:12]}, not the pinned {commit[:12]}")
+        detail = f"points at {found[:12]}, not the pinned {commit[:12]}"
+        return Problem(f"refs/{branch}", "offline ref", detail, str(path))
     return None
 
 
@@ -628,7 +636,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         commit = resolve_offline(args.hf_home, args.repo_id, revision)
         if commit is None:
             ref = ref_path(args.hf_home, args.repo_id, revision or DEFAULT_REF_BRANCH)
-            print(f"{args.repo_id}@{revision}: does not resolve offline ({ref} missing); run `twinspark model fetch`")
+            detail = f"{ref} is missing: {args.repo_id} does not resolve offline; run `twinspark model fetch`"
+            problem = Problem(f"refs/{revision or DEFAULT_REF_BRANCH}", "offline ref", detail, str(ref))
+            report = VerifyReport(str(repo_storage_dir(args.hf_home, args.repo_id)), 0, 0, 0, args.sha256, [problem])
+            _print(report.as_dict(), args.json, report.text())
             return 1
         directory = snapshot_dir(args.hf_home, args.repo_id, commit)
         if is_commit(revision):
