@@ -12,6 +12,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = [
+    "twinspark.bench",
     "twinspark.envcli",
     "twinspark.fabric.commands",
     "twinspark.gpu",

@@ -377,7 +377,7 @@ def _request(session, method: str, url: str, timeout: float, **kwargs) -> tuple[
 
 def _short(error: Exception) -> str:
     text = str(error)
-    match = re.search(r"\[Errno -?\d+\] ([^')]+)", text)
+    match = re.search(r"\[Errno -?\d+\] ([^')\"]+)", text)
     return match.group(1) if match else text[:160]
 
 

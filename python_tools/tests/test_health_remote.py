@@ -1,0 +1,102 @@
+"""The controller's view of the pair: the inventory read with Ansible's own API, and the merged sweep."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from twinspark.health import command, remote
+
+INVENTORY = """\
+all:
+  children:
+    twinspark_pair:
+      children:
+        twinspark_head:
+          hosts:
+            node1:
+              ansible_host: 10.78.0.1
+              twinspark_fabric_address: 10.77.0.1
+        twinspark_worker:
+          hosts:
+            node2:
+              ansible_host: "{{ sim_prefix }}.2"
+              twinspark_fabric_address: 10.77.0.2
+      vars:
+        sim_prefix: 10.78.0
+        ansible_user: root
+        ansible_ssh_private_key_file: /var/tmp/twinspark-sim/ssh/id_ed25519
+        ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
+        twinspark_vllm_port: 8899
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "hosts.yml"
+    path.write_text(text)
+    return path
+
+
+def test_head_worker_ssh_settings_and_api_url_come_from_the_inventory(tmp_path):
+    pair = remote.read_inventory(write(tmp_path, INVENTORY))
+    assert (pair.head.name, pair.head.role, pair.head.host) == ("node1", "head", "10.78.0.1")
+    assert (pair.worker.name, pair.worker.host) == ("node2", "10.78.0.2"), "templated values are rendered"
+    assert pair.worker.user == "root" and pair.worker.port == 22
+    assert pair.worker.key_file == "/var/tmp/twinspark-sim/ssh/id_ed25519"
+    assert pair.head.accept_unknown_host_key
+    assert pair.api_url == "http://10.78.0.1:8899"
+
+
+def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise(tmp_path):
+    text = INVENTORY.replace("ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+                             "ansible_ssh_common_args: -o ServerAliveInterval=15")
+    pair = remote.read_inventory(write(tmp_path, text.replace("twinspark_vllm_port: 8899\n", "")))
+    assert not pair.head.accept_unknown_host_key
+    assert pair.api_url == "http://10.78.0.1:8888", "the default API port"
+    explicit = text.replace("ansible_user: root", "ansible_user: root\n        ansible_host_key_checking: false")
+    assert remote.read_inventory(write(tmp_path, explicit)).worker.accept_unknown_host_key
+
+
+def test_an_inventory_without_a_worker_is_refused_naming_the_group(tmp_path):
+    text = INVENTORY.replace("twinspark_worker:", "other_group:")
+    with pytest.raises(remote.InventoryError, match="twinspark_worker must hold exactly one host"):
+        remote.read_inventory(write(tmp_path, text))
+
+
+def test_the_cli_reports_a_bad_inventory_with_exit_2(tmp_path, capsys):
+    path = write(tmp_path, INVENTORY.replace("twinspark_head:", "heads:"))
+    assert command.run(argparse.Namespace(local=False, pair=False, no_pair=False, inventory=str(path),
+                                          timeout=1.0, json=False, prom_file=None)) == 2
+    assert "twinspark_head" in capsys.readouterr().err
+
+
+def report_of(node: str, unit_status: str, settings: dict) -> dict:
+    return {
+        "checks": [{"node": node, "check": "unit", "status": unit_status, "message": "m", "fix": "f"}],
+        "nodes": {node: {"settings": settings, "runtime": {"vllm": "1"},
+                         "model": {"model": "m", "revision": "r", "snapshot": "r"}}},
+    }
+
+
+def test_the_merged_report_names_an_unreachable_worker_and_a_differing_setting(tmp_path, monkeypatch):
+    pair = remote.read_inventory(write(tmp_path, INVENTORY))
+    shared = {"MAX_MODEL_LEN": "512", "SERVED_MODEL_NAME": "tiny"}
+    outcome = remote.SweepResult(
+        reports={"node1": report_of("node1", "ok", shared)},
+        errors={"node2": "cannot reach root@10.78.0.2:22 over SSH: timed out"},
+        head_env=dict(shared), pair={"generate": {"status_code": 500}})
+    monkeypatch.setattr(remote, "read_inventory", lambda source: pair)
+    monkeypatch.setattr(remote, "sweep", lambda *a, **k: outcome)
+    args = argparse.Namespace(inventory="x", pair=False, no_pair=False, timeout=5.0)
+    results, _, _ = command.controller_sweep(args)
+    by_key = {(r.node, r.check): r for r in results}
+    assert by_key[("node2", "reach")].status == "failed"
+    assert "node2 not serving" in by_key[("pair", "liveness")].message
+    assert ("pair", "settings-agree") not in by_key, "nothing to compare with one node"
+
+    outcome.reports["node2"] = report_of("node2", "ok", dict(shared, MAX_MODEL_LEN="256"))
+    outcome.errors.clear()
+    results, _, _ = command.controller_sweep(args)
+    agree = next(r for r in results if r.check == "settings-agree")
+    assert agree.status == "failed" and "MAX_MODEL_LEN: node1=512, node2=256" in agree.message
