@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "twinspark.fabric.commands",
     "twinspark.gpu",
     "twinspark.health",
+    "twinspark.launcher",
     "twinspark.model",
     "twinspark.patching",
     "twinspark.runtime",

@@ -94,6 +94,8 @@ def node_env(
                 problems.append(f"{knob.var}: must be the same on both nodes; set it for the whole pair "
                                 "(group_vars), not per host")
                 continue
+            if knob.type == "choice" and isinstance(value, bool) and "off" in knob.choices:
+                value = "on" if value else "off"  # YAML 1.1 reads an unquoted `off` as false
             text = env_text(value)
             if text is not None:
                 raw[knob.env] = text

@@ -1,0 +1,230 @@
+"""`twinspark serve`: the exact vLLM argv and environment, and env hygiene."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+from pathlib import Path
+
+import pytest
+
+from twinspark import cli, launcher, nodeenv, validate, vllm_entry
+
+PINNED = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
+REASONING_CONFIG = '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>","reasoning_end_str":"</think>"}'
+
+
+def write_defaults(tmp_path: Path, profile: str, rank: int, extra: str = "") -> Path:
+    serve, secrets = nodeenv.example_env(profile, rank)
+    path = tmp_path / f"{profile}-{rank}.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in {**serve, **secrets}.items()) + extra)
+    path.chmod(0o600)
+    return path
+
+
+def dry_run(capsys, *files: Path, extra_args: tuple[str, ...] = ("--skip-gid",)) -> dict:
+    args = ["serve", "--dry-run", "--json", *extra_args]
+    for path in files:
+        args += ["--env", str(path)]
+    code = cli.main(args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def gb10_expected(rank: int, master: str = "192.0.2.1") -> list[str]:
+    """RECIPE.md's fixed flag list plus the knobs at their defaults, flag by flag."""
+    return [
+        "serve", "deepseek-ai/DeepSeek-V4-Flash-0731",
+        "--tensor-parallel-size", "2",
+        "--pipeline-parallel-size", "1",
+        "--distributed-executor-backend", "mp",
+        "--nnodes", "2",
+        "--node-rank", str(rank),
+        "--master-addr", master,
+        "--master-port", "25000",
+        "--host", "0.0.0.0",
+        "--port", "8888",
+        "--max-model-len", "1048576",
+        "--max-num-seqs", "6",
+        "--max-num-batched-tokens", "8192",
+        "--long-prefill-token-threshold", "1024",
+        "--gpu-memory-utilization", "0.835",
+        "--revision", PINNED,
+        "--served-model-name", "deepseek-v4-flash-0731",
+        *(["--headless"] if rank == 1 else []),
+        "--kv-cache-dtype", "nvfp4_ds_mla",
+        "--block-size", "256",
+        "--enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--async-scheduling",
+        "--enable-prompt-tokens-details",
+        "--moe-backend", "flashinfer_b12x",
+        "--tokenizer-mode", "deepseek_v4",
+        "--tool-call-parser", "deepseek_v4",
+        "--reasoning-parser", "deepseek_v4",
+        "--enable-auto-tool-choice",
+        "--reasoning-config", REASONING_CONFIG,
+        "--generation-config", "vllm",
+        "--enable-flashinfer-autotune",
+        "--max-cudagraph-capture-size", "36",
+        "--speculative-config", '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}',
+        "--default-chat-template-kwargs", '{"thinking":true,"reasoning_effort":"low"}',
+    ]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gb10_default_argv_is_the_recipe_flag_list(tmp_path, capsys, rank):
+    shown = dry_run(capsys, write_defaults(tmp_path, "gb10", rank))
+    assert shown["argv"][1:4] == ["-m", "twinspark.vllm_entry", "serve"]
+    assert shown["argv"][3:] == gb10_expected(rank)
+    assert "--max-num-partial-prefills" not in shown["argv"]
+
+
+def test_gb10_fixed_environment(tmp_path, capsys):
+    env = dry_run(capsys, write_defaults(tmp_path, "gb10", 0))["env"]
+    expected = {
+        "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
+        "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
+        "NCCL_NVLS_ENABLE": "0", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800", "CUTE_DSL_ARCH": "sm_121a",
+        "TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1a", "VLLM_USE_B12X_MOE": "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": "1", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "VLLM_HOST_IP": "192.0.2.1", "NCCL_IB_HCA": "=rocep1s0f0,roceP2p1s0f0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "VLLM_NCCL_SO_PATH": "/usr/lib/aarch64-linux-gnu/libnccl.so.2", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
+        "GLOO_SOCKET_IFNAME": "enp1s0f0np0", "TP_SOCKET_IFNAME": "enp1s0f0np0", "HF_HUB_OFFLINE": "1",
+    }
+    assert {k: env.get(k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_cpu_argv_serves_the_tiny_model_with_the_same_multinode_flags(tmp_path, capsys, rank):
+    shown = dry_run(capsys, write_defaults(tmp_path, "cpu", rank))
+    assert shown["argv"][3:] == [
+        "serve", "/var/lib/twinspark/models/tiny-llama",
+        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1", "--distributed-executor-backend", "mp",
+        "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "192.0.2.1", "--master-port", "25000",
+        "--host", "0.0.0.0", "--port", "8888", "--max-model-len", "512", "--enforce-eager",
+        "--served-model-name", "tiny", "--dtype", "float32", *(["--headless"] if rank == 1 else []),
+    ]
+    assert shown["env"]["VLLM_CPU_OMP_THREADS_BIND"] == str(rank)
+    assert shown["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert shown["env"]["GLOO_SOCKET_IFNAME"] == "ic0"
+    assert not any(key.startswith("NCCL_IB") for key in shown["env"])
+
+
+def test_api_port_never_reaches_vllm_environment(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_PORT", "9999")
+    path = write_defaults(tmp_path, "cpu", 0, "VLLM_PORT=09000\n")
+    shown = dry_run(capsys, path, extra_args=("--skip-gid", "--environ"))
+    assert "VLLM_PORT" not in shown["env"]
+    assert "VLLM_PORT" in shown["unset"]
+    assert shown["argv"][shown["argv"].index("--port") + 1] == "9000"
+    command = launcher.build_command(validate.validate({**nodeenv.example_env("cpu", 0)[0]}).values)
+    assert "VLLM_PORT" not in command.process_env({"VLLM_PORT": "8888", "PATH": "/usr/bin"})
+
+
+def test_empty_nccl_passthrough_is_unset_even_when_inherited(tmp_path, capsys):
+    path = write_defaults(tmp_path, "gb10", 0, "NCCL_IB_MERGE_NICS=\nNCCL_NET_GDR_LEVEL=' PHB'\n")
+    shown = dry_run(capsys, path)
+    assert "NCCL_IB_MERGE_NICS" in shown["unset"]
+    assert shown["env"]["NCCL_NET_GDR_LEVEL"] == " PHB"
+    values = validate.validate({**nodeenv.example_env("gb10", 0)[0], "NCCL_IB_MERGE_NICS": ""}).values
+    env = launcher.build_command(values).process_env({"NCCL_IB_MERGE_NICS": "", "HOME": "/root"})
+    assert "NCCL_IB_MERGE_NICS" not in env and env["HOME"] == "/root"
+
+
+@pytest.mark.parametrize(("written", "expected"), [("true", "1"), ("off", "0"), ("yes", "1"), ("auto", None)])
+def test_breakable_cudagraph_reaches_vllm_as_exactly_0_or_1(tmp_path, capsys, written, expected):
+    shown = dry_run(capsys, write_defaults(tmp_path, "gb10", 0, f"VLLM_USE_BREAKABLE_CUDAGRAPH={written}\n"))
+    assert shown["env"].get("VLLM_USE_BREAKABLE_CUDAGRAPH") == expected
+    assert ("VLLM_USE_BREAKABLE_CUDAGRAPH" in shown["unset"]) == (expected is None)
+
+
+def test_all_keys_go_to_one_api_key_flag_and_are_redacted(tmp_path, capsys):
+    path = write_defaults(tmp_path, "gb10", 0, "DSPARK_API_KEYS='k1\tk2 k1'\n")
+    shown = dry_run(capsys, path)
+    argv = shown["argv"]
+    assert argv.count("--api-key") == 1
+    assert argv[argv.index("--api-key"):] == ["--api-key", "<redacted>", "<redacted>", "<redacted>"]
+    assert "k1" not in json.dumps(shown)
+    revealed = dry_run(capsys, path, extra_args=("--skip-gid", "--show-secrets"))["argv"]
+    assert revealed[revealed.index("--api-key"):] == ["--api-key", "k1", "k2", "k1"]
+    assert "DSPARK_API_KEYS" not in shown["env"]
+
+
+def test_knob_variations(tmp_path, capsys):
+    extra = "MODEL_REVISION=\nDEFAULT_THINKING=off\nDRAFT_SAMPLE_METHOD=greedy\nMTP_NUM_TOKENS=7\nMAX_NUM_SEQS=4\n"
+    argv = dry_run(capsys, write_defaults(tmp_path, "gb10", 0, extra))["argv"]
+    assert "--revision" not in argv
+    assert argv[argv.index("--default-chat-template-kwargs") + 1] == '{"thinking":false}'
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "dspark", "num_speculative_tokens": 7, "draft_sample_method": "greedy"}
+    assert argv[argv.index("--max-cudagraph-capture-size") + 1] == "32"
+
+
+def test_invalid_env_stops_before_building(tmp_path, capsys):
+    path = write_defaults(tmp_path, "gb10", 0, "DRAFT_SAMPLE_METHOD=greedy\",\"x\":\"1\n")
+    assert cli.main(["serve", "--dry-run", "--json", "--skip-gid", "--env", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("DRAFT_SAMPLE_METHOD: is not one of the allowed values")
+
+
+def test_gid_is_resolved_on_this_node_and_wins_over_a_pin():
+    values = validate.validate({**nodeenv.example_env("gb10", 1)[0], "NCCL_IB_GID_INDEX": "3"}).values
+    calls = []
+
+    def resolver(selector, match_ip, sysfs_root):
+        calls.append((selector, match_ip, sysfs_root))
+        return 5, ["devA:1 chose 5"]
+
+    notes = launcher.resolve_gid(values, Path("/fake/sysfs"), lambda ifname: ["198.51.100.7"], resolver)
+    assert calls == [("=rocep1s0f0,roceP2p1s0f0", "198.51.100.7", Path("/fake/sysfs"))]
+    assert values["NCCL_IB_GID_INDEX"] == "5"
+    assert notes[0] == "devA:1 chose 5"
+    assert notes[1].startswith("NCCL_IB_GID_INDEX: pinned 3 differs from the index resolved on this node (5)")
+    assert launcher.build_command(values).env["NCCL_IB_GID_INDEX"] == "5"
+
+
+def test_match_ip_order():
+    values = {"GID_MATCH_IP": "198.51.100.9", "NCCL_SOCKET_IFNAME": "eth9", "VLLM_HOST_IP": "192.0.2.2",
+              "NODE_RANK": "1", "WORKER_HOST": "192.0.2.2", "MASTER_ADDR": "192.0.2.1"}
+    no_addresses = lambda ifname: []  # noqa: E731
+    assert launcher.match_ip(values, lambda ifname: ["10.0.0.1"]) == "198.51.100.9"
+    del values["GID_MATCH_IP"]
+    assert launcher.match_ip(values, lambda ifname: ["10.0.0.1"]) == "10.0.0.1"
+    assert launcher.match_ip(values, no_addresses) == "192.0.2.2"
+    del values["VLLM_HOST_IP"]
+    assert launcher.match_ip({**values, "WORKER_HOST": "root@192.0.2.2"}, no_addresses) == "192.0.2.2"
+    assert launcher.match_ip({**values, "NODE_RANK": "0"}, no_addresses) == "192.0.2.1"
+
+
+def test_no_gid_resolution_when_auto_is_off_or_on_cpu():
+    for profile, extra in (("gb10", {"NCCL_IB_GID_AUTO": "0", "NCCL_IB_GID_INDEX": "3"}), ("cpu", {})):
+        values = validate.validate({**nodeenv.example_env(profile, 0)[0], **extra}).values
+        assert launcher.resolve_gid(values, Path("/nonexistent"), resolver=pytest.fail) == []
+
+
+def test_gid_failure_exits_with_the_resolvers_code(tmp_path, capsys):
+    path = write_defaults(tmp_path, "gb10", 0)
+    code = cli.main(["serve", "--dry-run", "--env", str(path), "--sysfs-root", str(tmp_path / "no-rdma-here")])
+    assert code == 1
+    assert capsys.readouterr().err.startswith("NCCL_IB_GID_INDEX: could not be resolved on this node:")
+
+
+def test_vllm_entry_aliases_only_a_missing_vllm_distribution():
+    installed = {"vllm-cpu": "0.32.0", "torch": "2.13.0"}
+
+    def original(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    version = vllm_entry.alias_version(original)
+    assert version("vllm") == "0.32.0+cpu"
+    assert version("torch") == "2.13.0"
+    with pytest.raises(metadata.PackageNotFoundError):
+        version("numpy")
+    installed["vllm"] = "0.33.0"
+    assert version("vllm") == "0.33.0"

