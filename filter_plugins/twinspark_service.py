@@ -1,0 +1,49 @@
+"""Ansible filters for the vllm_service role: thin adapters over twinspark.pairguard.
+
+How the head's API is reached (wildcard bind -> loopback, the first key) and what makes the pair need an ordered
+restart are decided in Python, once, for the playbooks and the pair guard alike.
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from twinspark import pairguard
+
+
+def twinspark_pair_api(env):
+    """The head's node env (twinspark_node_env) -> {url, served_name, max_model_len, headers} for probes.
+
+    `headers` carries the API key: tasks using it set no_log.
+    """
+    try:
+        api = pairguard.api_from_env({str(k): str(v) for k, v in dict(env).items() if v is not None})
+    except ValueError as error:
+        raise AnsibleFilterError(str(error)) from None
+    return {"url": api.url, "served_name": api.served_name, "max_model_len": api.max_model_len,
+            "headers": api.headers(), "keyed": bool(api.api_key)}
+
+
+def twinspark_pair_restart_reasons(units, flags, flag_path="restart-pending"):
+    """Why the pair needs an ordered restart, one line per reason; empty when it does not.
+
+    `units` and `flags` are the registered results of a loop over the nodes (`item` = host name) of
+    ansible.builtin.systemd_service (status only) and ansible.builtin.stat of the restart flag.
+    """
+    reasons = []
+    for result in units.get("results", []):
+        state = (result.get("status") or {}).get("ActiveState", "unknown")
+        if state != "active":
+            reasons.append(f"{result['item']}: twinspark-vllm.service is {state}")
+    for result in flags.get("results", []):
+        if (result.get("stat") or {}).get("exists"):
+            reasons.append(f"{result['item']}: {flag_path} (what vLLM runs changed)")
+    return reasons
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "twinspark_pair_api": twinspark_pair_api,
+            "twinspark_pair_restart_reasons": twinspark_pair_restart_reasons,
+        }
