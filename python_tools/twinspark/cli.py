@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "twinspark.health",
     "twinspark.launcher",
     "twinspark.model",
+    "twinspark.pairguard",
     "twinspark.patching",
     "twinspark.runtime",
 ]
