@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "twinspark.bench",
     "twinspark.envcli",
     "twinspark.fabric.commands",
+    "twinspark.frontdoor",
     "twinspark.gpu",
     "twinspark.health",
     "twinspark.launcher",

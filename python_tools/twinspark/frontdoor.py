@@ -1,0 +1,213 @@
+"""`twinspark deploy|start|stop|restart|status -i INVENTORY`: the project's playbooks with a compact live view.
+
+Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook` would (same inventory, same
+ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status = playbooks/<verb>.yml. Instead of
+scrolling logs it shows the current play and task and per-host ok/changed/failed counters on one redrawn line, prints
+each failure as it happens, keeps the run's events under ./artifacts/<timestamp>/ for post-mortems, and ends with the
+`twinspark health` table (except after stop).
+
+Exit codes: the playbook's own exit code when it fails (2 a host failed, 4 unreachable, ...); otherwise the health
+exit code (0 healthy, 1 degraded, 2 failed); 0 after a successful stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+PLAYBOOKS = {
+    "deploy": "site.yml",
+    "start": "playbooks/start.yml",
+    "stop": "playbooks/stop.yml",
+    "restart": "playbooks/restart.yml",
+    "status": "playbooks/status.yml",
+}
+HELP = {
+    "deploy": "make both nodes match the inventory and serve (site.yml)",
+    "start": "start the pair: worker first, then head (playbooks/start.yml)",
+    "stop": "stop the pair: head, then worker (playbooks/stop.yml)",
+    "restart": "ordered restart of both ranks (playbooks/restart.yml)",
+    "status": "show both units and the API (playbooks/status.yml)",
+}
+COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
+
+
+@dataclass
+class HostCount:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+
+    def text(self) -> str:
+        parts = [f"ok={self.ok}", f"changed={self.changed}"]
+        parts += [f"{name}={getattr(self, name)}" for name in ("failed", "unreachable") if getattr(self, name)]
+        return " ".join(parts)
+
+
+@dataclass
+class LiveView:
+    """Folds ansible-runner events into the current play/task and per-host counters, and draws them."""
+
+    stream: TextIO
+    redraw: bool
+    play: str = ""
+    task: str = ""
+    hosts: dict[str, HostCount] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    _width: int = 0
+
+    def status_line(self) -> str:
+        counts = "  ".join(f"{host}: {count.text()}" for host, count in sorted(self.hosts.items()))
+        return f"[{self.play}] {self.task}" + (f"  |  {counts}" if counts else "")
+
+    def _draw(self) -> None:
+        if self.redraw:
+            line = self.status_line()
+            columns = max(os.get_terminal_size(self.stream.fileno()).columns - 1, 40) if self.stream.isatty() else 200
+            self.stream.write("\r\033[K" + line[:columns])
+            self.stream.flush()
+
+    def _print(self, text: str) -> None:
+        if self.redraw:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._draw()
+
+    def _count(self, host: str, name: str) -> None:
+        count = self.hosts.setdefault(host, HostCount())
+        setattr(count, name, getattr(count, name) + 1)
+
+    def on_event(self, event: Mapping) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        host = data.get("host") or ""
+        if kind == "playbook_on_play_start":
+            self.play = data.get("play", "")
+            self.task = ""
+            if not self.redraw:
+                self._print(f"play: {self.play}")
+        elif kind == "playbook_on_task_start":
+            self.task = data.get("task", "")
+        elif kind == "runner_on_ok":
+            self._count(host, "ok")
+            if (data.get("res") or {}).get("changed"):
+                self._count(host, "changed")
+        elif kind == "runner_on_skipped":
+            self._count(host, "skipped")
+        elif kind in ("runner_on_failed", "runner_on_unreachable"):
+            ignored = kind == "runner_on_failed" and data.get("ignore_errors")
+            if ignored:
+                self._count(host, "ok")
+            else:
+                self._count(host, "failed" if kind == "runner_on_failed" else "unreachable")
+                message = str((data.get("res") or {}).get("msg") or "").strip().splitlines()
+                line = f"{'FAILED' if kind == 'runner_on_failed' else 'UNREACHABLE'}: {host}: [{self.play}] " \
+                       f"{data.get('task', self.task)}: {message[0] if message else ''}"
+                self.failures.append(line)
+                self._print(line)
+                return True
+        self._draw()
+        return True
+
+    def finish(self) -> None:
+        if self.redraw:
+            self.stream.write("\r\033[K")
+        counts = ", ".join(f"{host}: {count.text()}" for host, count in sorted(self.hosts.items()))
+        self.stream.write(f"done: {counts or 'no host ran a task'}\n")
+        self.stream.flush()
+
+
+def project_root() -> Path:
+    """The checkout holding site.yml: the current directory when it has one, else the package's own checkout."""
+    here = Path.cwd()
+    if (here / "site.yml").is_file():
+        return here
+    return Path(__file__).resolve().parents[2]
+
+
+def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView, project: Path,
+                 extra_cmdline: list[str] | None = None) -> tuple[int, Path]:
+    """Run one playbook through ansible-runner; returns (exit code, the run's artifact directory)."""
+    import ansible_runner
+
+    ident = stamp = time.strftime("%Y%m%dT%H%M%S")
+    serial = 1
+    while (artifacts / ident).exists():
+        serial += 1
+        ident = f"{stamp}-{serial}"
+    private = artifacts / ident
+    private.mkdir(parents=True, exist_ok=True)
+    bin_dir = str(Path(sys.executable).parent)
+    envvars = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "ANSIBLE_FORCE_COLOR": "0"}
+    if (project / "ansible.cfg").is_file():
+        envvars["ANSIBLE_CONFIG"] = str(project / "ansible.cfg")
+    runner = ansible_runner.run(
+        private_data_dir=str(private),
+        artifact_dir=str(artifacts),
+        ident=ident,
+        project_dir=str(project),
+        playbook=str(playbook.resolve()),
+        inventory=str(Path(inventory).resolve()) if Path(inventory).exists() else inventory,
+        envvars=envvars,
+        cmdline=" ".join(extra_cmdline or []) or None,
+        quiet=True,
+        event_handler=view.on_event,
+        suppress_env_files=True,
+    )
+    view.finish()
+    return int(runner.rc or 0), artifacts / ident
+
+
+def _command(args: argparse.Namespace) -> int:
+    from twinspark.health import command as health
+
+    project = project_root()
+    inventory = args.inventory or health.default_inventory()
+    playbook = project / PLAYBOOKS[args.verb]
+    if not playbook.is_file():
+        print(f"twinspark {args.verb}: {playbook} does not exist (run from the TwinSpark checkout)", file=sys.stderr)
+        return 2
+    extra = []
+    if args.check:
+        extra.append("--check")
+    if args.diff:
+        extra.append("--diff")
+    if args.limit:
+        extra += ["--limit", args.limit]
+    view = LiveView(stream=sys.stderr, redraw=sys.stderr.isatty())
+    print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
+    rc, run_dir = run_playbook(playbook, inventory, Path(args.artifacts), view, project, extra)
+    print(f"events and output kept in {run_dir}", file=sys.stderr)
+    if rc != 0:
+        print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} failed (exit {rc}); "
+              + ("; ".join(view.failures[:3]) or f"see {run_dir}/stdout"), file=sys.stderr)
+        return rc
+    if args.verb == "stop" or args.no_health or args.check:
+        return 0
+    health_args = argparse.Namespace(inventory=inventory, local=False, pair=False, no_pair=False, json=False,
+                                     prom_file=None, timeout=10.0)
+    return health.run(health_args)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    for verb, playbook in PLAYBOOKS.items():
+        parser = subparsers.add_parser(verb, help=HELP[verb], description=__doc__,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("-i", "--inventory", help="Ansible inventory (default: ansible.cfg's)")
+        parser.add_argument("--artifacts", default="artifacts", metavar="DIR",
+                            help="where each run's events are kept, one <timestamp> folder per run (default "
+                            "./artifacts)")
+        parser.add_argument("--check", action="store_true", help="ansible-playbook --check (changes nothing)")
+        parser.add_argument("--diff", action="store_true", help="ansible-playbook --diff")
+        parser.add_argument("--limit", help="ansible-playbook --limit")
+        parser.add_argument("--no-health", action="store_true", help="skip the closing health table")
+        parser.set_defaults(func=_command, verb=verb, playbook=playbook)
