@@ -50,14 +50,19 @@ def _version(name: str, find: Callable[[str], metadata.Distribution]) -> str | N
         return None
 
 
-def facts(site_packages: Path, patches_dir: Path, find: Callable[[str], metadata.Distribution]) -> dict:
+def facts(
+    site_packages: Path,
+    patches_dir: Path,
+    find: Callable[[str], metadata.Distribution],
+    only: list[str] | None = None,
+) -> dict:
     vllm = {name: version for name in patching.DISTRIBUTIONS if (version := _version(name, find))}
     try:
         package = package_digest(installed_files(find(PACKAGE)))
     except metadata.PackageNotFoundError:
         package = None
     try:
-        outcome = patching.run("status", site_packages, patches_dir, None)
+        outcome = patching.run("status", site_packages, patches_dir, only)
         patches = {state.patch.name: state.state for state in outcome.states}
         patch_error = None
     except patching.PatchError as exc:
@@ -78,7 +83,7 @@ def _command(args: argparse.Namespace) -> int:
     if not site_packages.is_dir():
         print(f"twinspark runtime facts: --site-packages {site_packages} is not a directory", file=sys.stderr)
         return 2
-    found = facts(site_packages, Path(args.patches_dir), lambda name: _find(name, site_packages))
+    found = facts(site_packages, Path(args.patches_dir), lambda name: _find(name, site_packages), args.only)
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
     else:
@@ -109,6 +114,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--patches-dir",
         default=os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR),
         help=f"as for `twinspark patch` (default: ${patching.PATCHES_DIR_ENV} or {patching.DEFAULT_PATCHES_DIR})",
+    )
+    report.add_argument(
+        "--only", action="append", metavar="NAME", help="as for `twinspark patch`: report these patches only"
     )
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.set_defaults(func=_command)
