@@ -7,6 +7,7 @@ PlanError into a task failure whose message names the variable and the fix.
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 from twinspark import driver_plan, gpu
 
 
@@ -31,7 +32,11 @@ def twinspark_driver_default_mode(profile):
 @_plan_errors
 def twinspark_driver_plan(facts):
     """A mapping of node facts and role variables -> the plan (see driver_plan.install_plan)."""
-    return driver_plan.install_plan(**dict(facts))
+    facts = dict(facts)
+    for flag in ("dgx_os", "nccl_install"):
+        if flag in facts:
+            facts[flag] = boolean(facts[flag], strict=False)
+    return driver_plan.install_plan(**facts)
 
 
 def twinspark_nvidia_smi_query_args(_unused=None):
@@ -45,7 +50,7 @@ def twinspark_driver_assess(probe):
     probe keys: mode, rebooted, reboot_allowed, smi_present, smi_path, smi_rc, smi_stdout, smi_stderr,
     loaded_module_version, installed_module_version, branch, expected_gpu_name, require_persistence.
     """
-    if probe.get("smi_present"):
+    if boolean(probe.get("smi_present", False), strict=False):
         query = gpu.parse_query_output(
             probe.get("smi_stdout") or "",
             probe.get("smi_stderr") or "",
@@ -59,13 +64,15 @@ def twinspark_driver_assess(probe):
         installed_module_version=probe.get("installed_module_version"),
         required_branch=int(probe["branch"]),
         expected_gpu_name=probe.get("expected_gpu_name") or "",
-        require_persistence=bool(probe.get("require_persistence", True)),
+        require_persistence=boolean(
+            probe.get("require_persistence", True), strict=False
+        ),
     )
     step = driver_plan.next_step(
         probe["mode"],
         assessment,
-        rebooted=bool(probe.get("rebooted")),
-        reboot_allowed=bool(probe.get("reboot_allowed", True)),
+        rebooted=boolean(probe.get("rebooted", False), strict=False),
+        reboot_allowed=boolean(probe.get("reboot_allowed", True), strict=False),
     )
     return {
         "gpu": query.to_dict(),
@@ -82,7 +89,18 @@ def twinspark_driver_holds(dpkg_query_output, branch, cuda_version, nccl):
     """dpkg-query output -> the installed packages to hold (driver branch, toolkit, NCCL)."""
     installed = driver_plan.parse_dpkg_query(dpkg_query_output or "")
     return driver_plan.packages_to_hold(
-        installed, branch=int(branch), cuda_version=str(cuda_version), nccl=bool(nccl)
+        installed,
+        branch=int(branch),
+        cuda_version=str(cuda_version),
+        nccl=boolean(nccl, strict=False),
+    )
+
+
+@_plan_errors
+def twinspark_driver_releases(dpkg_query_output, branch):
+    """dpkg-query output -> installed packages of other driver branches (unheld before a branch change)."""
+    return driver_plan.packages_to_release(
+        driver_plan.parse_dpkg_query(dpkg_query_output or ""), branch=int(branch)
     )
 
 
@@ -98,6 +116,7 @@ class FilterModule:
             "twinspark_driver_plan": twinspark_driver_plan,
             "twinspark_driver_assess": twinspark_driver_assess,
             "twinspark_driver_holds": twinspark_driver_holds,
+            "twinspark_driver_releases": twinspark_driver_releases,
             "twinspark_gpg_fingerprints": twinspark_gpg_fingerprints,
             "twinspark_nvidia_smi_query_args": twinspark_nvidia_smi_query_args,
         }

@@ -214,6 +214,7 @@ def install_plan(
         plan["repository"] = asdict(repository)
         plan["driver_packages"] = driver_packages(branch)
         plan["toolkit_packages"] = cuda_toolkit_packages(cuda_version)
+    plan["multiarch"] = ARCHITECTURES[architecture][2] if architecture in ARCHITECTURES else ""
     if nccl_install:
         plan["nccl_packages"] = nccl_packages(nccl_version)
         plan["nccl_library_path"] = nccl_library_path(architecture)
@@ -355,11 +356,11 @@ def next_step(mode: str, assessment: Assessment, *, rebooted: bool, reboot_allow
         if rebooted:
             return Step("fail", f"still not consistent after a reboot: {reasons}: check `dkms status` and the boot log")
         how = (
-            "nvidia_driver_reboot is false, so the role leaves the reboot to you"
+            "nvidia_driver_reboot is false: reboot the node yourself"
             if mode == "install"
-            else "nvidia_driver_mode=verify changes nothing: reboot the node (or use nvidia_driver_mode=install)"
+            else "nvidia_driver_mode=verify changes nothing: reboot the node, or use nvidia_driver_mode=install"
         )
-        return Step("fail", f"this node needs a reboot: {reasons} ({how})")
+        return Step("fail", f"this node needs a reboot: {reasons}. {how}")
     if assessment.findings:
         return Step("fail", "; ".join(assessment.findings))
     return Step("ok", "")
