@@ -299,3 +299,35 @@ def test_restart_gives_up_waiting_at_the_ready_timeout():
     assert not ok
     assert "not serving 60 s after the head started" in outcome
     assert clock.now == 60
+
+
+# --- the CLI an operator uses on the head -----------------------------------------------------------------------
+
+
+def test_state_command_exits_1_and_says_so_when_the_guard_gave_up(tmp_path, capsys):
+    from twinspark import cli
+
+    path = tmp_path / "state.json"
+    pg.save_state(path, GuardState(failures_in_row=5, gave_up_at=NOW, gave_up_reason="5 ordered restarts failed"))
+    assert cli.main(["pair", "state", "--state-file", str(path)]) == 1
+    assert "5 ordered restarts failed" in capsys.readouterr().out
+
+
+def test_reset_command_lets_the_guard_act_again(tmp_path):
+    from twinspark import cli
+
+    path = tmp_path / "state.json"
+    pg.save_state(path, GuardState(failures_in_row=5, gave_up_at=NOW, gave_up_reason="x"))
+    assert cli.main(["pair", "reset", "--state-file", str(path)]) == 0
+    assert cli.main(["pair", "state", "--state-file", str(path)]) == 0
+    assert pg.decide(broken(), pg.load_state(path), POLICY, NOW).action is Action.RESTART
+
+
+def test_guard_with_unreadable_env_files_exits_2_naming_the_file(tmp_path, capsys):
+    from twinspark import cli
+
+    missing = tmp_path / "serve.env"
+    code = cli.main(["pair", "guard", "--env", str(missing), "--worker", "127.0.0.1",
+                     "--state-file", str(tmp_path / "state.json")])
+    assert code == 2
+    assert str(missing) in capsys.readouterr().err
