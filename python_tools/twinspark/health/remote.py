@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,13 +125,23 @@ class Connection:
                             timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
                             look_for_keys=node.key_file is None)
 
-    def run(self, command: str, timeout: float) -> tuple[int, str, str]:
+    def start(self, command: str, timeout: float) -> Callable[[], tuple[int, str, str]]:
+        """Start a command on its own channel; the returned function waits for (exit status, stdout, stderr).
+
+        Several commands can run at once over the one connection."""
         if self.node.user != "root":
             command = "sudo -n " + command
         _stdin, stdout, stderr = self.client.exec_command(command, timeout=timeout)
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        return stdout.channel.recv_exit_status(), out, err
+
+        def finish() -> tuple[int, str, str]:
+            out = stdout.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
+            return stdout.channel.recv_exit_status(), out, err
+
+        return finish
+
+    def run(self, command: str, timeout: float) -> tuple[int, str, str]:
+        return self.start(command, timeout)()
 
     def __enter__(self) -> Connection:
         return self
@@ -162,11 +172,16 @@ def read_remote_env(connection: Connection, timeout: float) -> dict[str, str]:
     return env
 
 
-def run_agent(connection: Connection, timeout: float) -> dict[str, object]:
-    """Run the node's own health check and return its JSON report (or raise RuntimeError naming the problem)."""
+def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str, object]]:
+    """Start the node's own health check; the returned function waits for its JSON report (or raises
+    RuntimeError naming the problem)."""
     command = (f"{REMOTE_TWINSPARK} health --local --json --no-pair --timeout {timeout:g} "
                f"--node {shlex.quote(connection.node.name)}")
-    rc, out, err = connection.run(command, timeout * 3)
+    finish = connection.start(command, timeout * 3)
+    return lambda: _agent_report(connection, *finish())
+
+
+def _agent_report(connection: Connection, rc: int, out: str, err: str) -> dict[str, object]:
     if rc == 127 or "No such file" in err:
         raise RuntimeError(f"{REMOTE_TWINSPARK} is not installed on {connection.node.name}")
     try:
@@ -198,13 +213,14 @@ def sweep(pair: Pair, timeout: float, nodes: bool = True, probe_pair: bool = Tru
     def node_job(node: Node) -> None:
         try:
             with Connection(node, timeout) as connection:
+                agent = start_agent(connection, timeout) if nodes else None
                 if node.role == "head":
                     try:
                         head_env.set_result(read_remote_env(connection, timeout))
                     except Exception:  # noqa: BLE001 - the pair probe falls back to what /v1/models lists
                         head_env.set_result(None)
-                if nodes:
-                    report = run_agent(connection, timeout)
+                if agent is not None:
+                    report = agent()
                     with lock:
                         reports[node.name] = report
         except Exception as error:  # noqa: BLE001 - any failure to reach a node is that node's finding
