@@ -232,7 +232,8 @@ def positive(text: str) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="concurrency sweep of streaming chat completions (TTFT, tok/s)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="API base URL (default: the head of the inventory, like `twinspark health`)")
+    parser.add_argument("--url", help="API base URL (default: the inventory's head; its API key and served name are "
+                        "then read from the head's env files over SSH, like `twinspark health` does)")
     parser.add_argument("-i", "--inventory", help="Ansible inventory to find the head in when --url is not given")
     parser.add_argument("--model", help="model name to request (default: the first one /v1/models lists)")
     parser.add_argument("--concurrency", type=parse_levels, default=[1, 2, 4, 6], metavar="C,C,...",
@@ -245,7 +246,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="seconds allowed per request (default 300)")
     parser.add_argument("--api-key-env", default="TWINSPARK_API_KEY", metavar="VAR",
-                        help="environment variable holding the API key, if keys are set (default TWINSPARK_API_KEY)")
+                        help="environment variable holding the API key, if keys are set (default TWINSPARK_API_KEY; "
+                        "it wins over the key read from the head)")
     parser.add_argument("--profile", choices=("gb10", "cpu"), default="gb10",
                         help="gb10 shows the recipe's published figures beside the measured ones")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -260,11 +262,21 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-def _default_url(inventory: str | None) -> str:
+def from_inventory(inventory: str | None, timeout: float = 10.0) -> tuple[str, str | None, str | None]:
+    """(API URL, first API key, served name) of the inventory's head; the key and name come from the head's env
+    files over SSH, as `twinspark health` reads them (None when they cannot be read)."""
     from twinspark.health.command import default_inventory
-    from twinspark.health.remote import read_inventory
+    from twinspark.health.gather import first_api_key
+    from twinspark.health.remote import Connection, read_inventory, read_remote_env
 
-    return read_inventory(inventory or default_inventory()).api_url
+    pair = read_inventory(inventory or default_inventory())
+    try:
+        with Connection(pair.head, timeout) as connection:
+            env = read_remote_env(connection, timeout)
+    except Exception as error:  # noqa: BLE001 - without the env files the bench still runs, keyless
+        _progress(f"could not read the head's env files ({type(error).__name__}); sending no API key")
+        env = {}
+    return pair.api_url, first_api_key(env), env.get("SERVED_MODEL_NAME") or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,15 +284,20 @@ def run(args: argparse.Namespace) -> int:
 
     from twinspark.health.remote import InventoryError
 
-    try:
-        url = (args.url or _default_url(args.inventory)).rstrip("/")
-    except InventoryError as error:
-        print(f"twinspark bench: {error}", file=sys.stderr)
-        return 2
-    key = os.environ.get(args.api_key_env, "").split()
-    headers = {"Authorization": f"Bearer {key[0]}"} if key else {}
-    session = requests.Session()
+    key = (os.environ.get(args.api_key_env, "").split() or [None])[0]
     model = args.model
+    url = args.url
+    if not url:
+        try:
+            url, inventory_key, served = from_inventory(args.inventory)
+        except InventoryError as error:
+            print(f"twinspark bench: {error}", file=sys.stderr)
+            return 2
+        key = key or inventory_key
+        model = model or served
+    url = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    session = requests.Session()
     if not model:
         try:
             answer = session.get(f"{url}/v1/models", headers=headers, timeout=10)
