@@ -1,0 +1,114 @@
+"""Whether a fabric interface is as the spark_fabric role wants it, from ``ip -j addr show dev NAME``.
+
+Pure functions over the command's output; the role reads the output on the node and calls these through the
+Ansible filters in ``filter_plugins/twinspark_fabric.py``. Every message names the node, the interface and the peer,
+so a failed run says which end of which cable to look at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+MISSING = "missing"
+DOWN = "down"
+NO_ADDRESS = "no-address"
+WRONG_MTU = "wrong-mtu"
+
+# Problems netplan apply can fix; a link without carrier is a cable or peer matter.
+APPLY_FIXES = (MISSING, NO_ADDRESS, WRONG_MTU)
+
+ICMP_AND_IP_HEADER_BYTES = 28
+
+
+@dataclass(frozen=True)
+class LinkState:
+    name: str
+    exists: bool
+    operstate: str = "UNKNOWN"
+    flags: tuple[str, ...] = ()
+    mtu: int | None = None
+    ipv4: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def up(self) -> bool:
+        """Carrier and administratively up. Some drivers report operstate UNKNOWN; then LOWER_UP decides."""
+        if "UP" not in self.flags or "NO-CARRIER" in self.flags:
+            return False
+        return self.operstate == "UP" or (self.operstate == "UNKNOWN" and "LOWER_UP" in self.flags)
+
+
+def parse_link(name: str, stdout: str, rc: int) -> LinkState:
+    """``ip -j addr show dev NAME`` (stdout and exit status) -> LinkState; a non-zero status means no such device."""
+    if rc != 0 or not stdout.strip():
+        return LinkState(name=name, exists=False)
+    links = json.loads(stdout)
+    if not links:
+        return LinkState(name=name, exists=False)
+    link = links[0]
+    return LinkState(
+        name=name,
+        exists=True,
+        operstate=str(link.get("operstate", "UNKNOWN")),
+        flags=tuple(link.get("flags", ())),
+        mtu=link.get("mtu"),
+        ipv4=tuple(a["local"] for a in link.get("addr_info", ()) if a.get("family") == "inet" and "local" in a),
+    )
+
+
+def problems(state: LinkState, address: str, mtu: int) -> list[str]:
+    """Problem codes for one interface, in the order a person would check them."""
+    if not state.exists:
+        return [MISSING]
+    found = []
+    if not state.up:
+        found.append(DOWN)
+    if address not in state.ipv4:
+        found.append(NO_ADDRESS)
+    if state.mtu != mtu:
+        found.append(WRONG_MTU)
+    return found
+
+
+def needs_apply(states: list[LinkState], addresses: list[str], mtu: int) -> bool:
+    """Whether the live interfaces differ from the netplan file in a way netplan apply fixes."""
+    return any(
+        code in APPLY_FIXES
+        for state, address in zip(states, addresses, strict=True)
+        for code in problems(state, address, mtu)
+    )
+
+
+def describe(state: LinkState, address: str, mtu: int, host: str, peer: str) -> str:
+    """One message naming the node, interface and peer for every problem found; empty when the link is right."""
+    where = f"fabric interface {state.name} on {host} (cabled to {peer})"
+    messages = []
+    for code in problems(state, address, mtu):
+        if code == MISSING:
+            messages.append(
+                f"{where} does not exist: check the netdev name with `ip link` or `twinspark fabric show` and set "
+                "spark_fabric_interfaces"
+            )
+        elif code == DOWN:
+            flags = ",".join(state.flags) or "none"
+            messages.append(
+                f"{where} is down (operstate {state.operstate}, flags {flags}): check the cable and that the "
+                "peer's end is up"
+            )
+        elif code == NO_ADDRESS:
+            have = ", ".join(state.ipv4) or "none"
+            messages.append(
+                f"{where} lacks its address {address} (has {have}): check `netplan get` and the netplan logs, "
+                "then rerun the role"
+            )
+        elif code == WRONG_MTU:
+            messages.append(
+                f"{where} has MTU {state.mtu}, expected {mtu} (spark_fabric_mtu): another netplan file or a hand "
+                "setting overrides it"
+            )
+    return "; ".join(messages)
+
+
+def ping_payload(mtu: int) -> int:
+    """The ping payload that fills an IPv4 packet of exactly ``mtu`` bytes (20 IP + 8 ICMP header bytes)."""
+    return mtu - ICMP_AND_IP_HEADER_BYTES
