@@ -132,3 +132,12 @@ def test_cli_missing_binary_exits_3_and_names_the_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 3
     assert str(missing) in out and "nvidia_driver_mode=install" in out
+
+
+def test_cli_non_executable_nvidia_smi_is_a_failure_naming_the_path(tmp_path, capsys):
+    not_executable = tmp_path / "nvidia-smi"
+    not_executable.write_text("#!/bin/sh\n")
+    not_executable.chmod(0o644)
+    code = cli.main(["gpu", "info", "--nvidia-smi", str(not_executable)])
+    assert code == 1
+    assert f"{not_executable} is not executable" in capsys.readouterr().out

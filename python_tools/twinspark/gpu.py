@@ -53,6 +53,8 @@ EXIT_CODES = {
 # What nvidia-smi prints for a field it can't report; GB10's unified memory makes memory.* "[N/A]".
 _UNAVAILABLE = {"[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "[insufficient permissions]", ""}
 
+_NO_DEVICES = "the NVIDIA driver is loaded but reports no GPU: check `lspci -d 10de:` and the kernel log"
+
 # Known failure texts (nvidia-smi writes them to stdout, sometimes stderr), checked in this order.
 _FAILURES = (
     (
@@ -70,7 +72,7 @@ _FAILURES = (
     (
         "no_devices",
         re.compile(r"No devices were found", re.IGNORECASE),
-        "the NVIDIA driver is loaded but reports no GPU: check `lspci -d 10de:` and the kernel log",
+        _NO_DEVICES,
     ),
 )
 
@@ -183,7 +185,7 @@ def parse_query_output(stdout: str, stderr: str = "", returncode: int = 0) -> Gp
         return GpuQuery(status="failed", message=f"nvidia-smi failed: {detail}", detail=detail)
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
-        return GpuQuery(status="no_devices", message=_FAILURES[2][2], detail="nvidia-smi printed nothing")
+        return GpuQuery(status="no_devices", message=_NO_DEVICES, detail="nvidia-smi printed nothing")
     try:
         gpus = tuple(parse_query_line(line) for line in lines)
     except ValueError as error:
@@ -211,6 +213,8 @@ def run_nvidia_smi(nvidia_smi: str = DEFAULT_NVIDIA_SMI) -> GpuQuery:
         )
     except FileNotFoundError:
         return missing_binary(nvidia_smi)
+    except PermissionError:
+        return GpuQuery(status="failed", message=f"{nvidia_smi} is not executable by this user: check its mode")
     except subprocess.TimeoutExpired:
         return GpuQuery(
             status="failed",
