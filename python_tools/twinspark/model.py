@@ -336,7 +336,8 @@ class VerifyReport:
         what = f"{self.shards} shard(s), {self.files} file(s), {_human(self.bytes)}"
         if self.ok:
             return f"{self.directory}: ok: {what}" + (", sha256 checked" if self.checksums else "")
-        lines = [f"{self.directory}: {len(self.problems)} problem(s) in {what}:"]
+        where = f" in {what}" if self.files else ""
+        lines = [f"{self.directory}: {len(self.problems)} problem(s){where}:"]
         lines += [f"  {p.line()}" for p in self.problems[:MAX_LISTED_PROBLEMS]]
         if len(self.problems) > MAX_LISTED_PROBLEMS:
             lines.append(f"  ... and {len(self.problems) - MAX_LISTED_PROBLEMS} more (--json lists all)")
