@@ -331,3 +331,42 @@ def test_guard_with_unreadable_env_files_exits_2_naming_the_file(tmp_path, capsy
                      "--state-file", str(tmp_path / "state.json")])
     assert code == 2
     assert str(missing) in capsys.readouterr().err
+
+
+# --- what the head's API answered (shaped like twinspark.health.gather.gather_pair) -----------------------------
+
+API = pg.Api(url="http://127.0.0.1:8888", served_name="tiny", max_model_len=512, api_key="k")
+LISTED = {"status_code": 200, "json": {"data": [{"id": "tiny", "max_model_len": 512}]}}
+
+
+def test_one_token_back_is_ok():
+    probe, _ = pg.classify_probe({"models": LISTED, "generate": {"status_code": 200, "tokens": 1}}, API, 60)
+    assert probe is Probe.OK
+
+
+def test_model_not_listed_yet_is_not_ready():
+    results = {"models": {"error": "ConnectionError: Connection refused"}, "generate": {"error": "refused"}}
+    probe, detail = pg.classify_probe(results, API, 60)
+    assert probe is Probe.NOT_READY
+    assert "Connection refused" in detail
+
+
+def test_generation_failing_after_the_worker_died_is_an_error():
+    results = {"models": LISTED, "generate": {"status_code": 500}}
+    probe, detail = pg.classify_probe(results, API, 60)
+    assert probe is Probe.ERROR
+    assert "HTTP 500" in detail
+
+
+def test_generation_without_an_answer_in_time_is_a_timeout():
+    import requests
+
+    from twinspark.health import gather
+
+    class SlowSession:
+        def request(self, *args, **kwargs):
+            raise requests.ReadTimeout("read timed out")
+
+    generated, _ = gather._request(SlowSession(), "POST", "http://127.0.0.1:8888/v1/completions", 1)
+    probe, _ = pg.classify_probe({"models": LISTED, "generate": generated}, API, 1)
+    assert probe is Probe.TIMEOUT

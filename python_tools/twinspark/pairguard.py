@@ -243,6 +243,26 @@ def api_from_env(env: Mapping[str, str]) -> Api:
                max_model_len=int(max_len) if max_len else None, api_key=keys[0] if keys else None)
 
 
+def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeout_s: float) -> tuple[Probe, str]:
+    """The health tools' answers from the head's API (`gather_pair`) -> what the guard makes of them.
+
+    Judged with the health checks themselves (twinspark.health.checks): the model not listed means not ready; a
+    generation without an answer in time is a timeout (maybe only busy); any other failed generation is an error.
+    """
+    from twinspark.health import checks
+
+    listed = checks.check_models(results.get("models") or {}, api.served_name, api.max_model_len)
+    if listed.status == checks.FAILED:
+        return Probe.NOT_READY, listed.message
+    generated = results.get("generate") or {}
+    live = checks.check_liveness(generated, timeout_s)
+    if live.status == checks.OK:
+        return Probe.OK, live.message
+    if "within the timeout" in str(generated.get("error") or ""):
+        return Probe.TIMEOUT, live.message
+    return Probe.ERROR, live.message
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The state file
 # ---------------------------------------------------------------------------------------------------------------
@@ -368,36 +388,11 @@ class Pair:
 
     # -- the API --
     def probe(self, timeout_s: float) -> tuple[Probe, str]:
-        """Is the served model listed, and does one generated token come back within `timeout_s`?"""
-        import requests
+        """Ask the head's API the health tools' questions (twinspark.health.gather) and classify the answers."""
+        from twinspark.health import gather
 
-        from twinspark.health import checks
-
-        try:
-            response = requests.get(f"{self.api.url}/v1/models", headers=self.api.headers(), timeout=10)
-            models = {"status_code": response.status_code, "json": _json_or_none(response)}
-        except requests.RequestException as exc:
-            return Probe.NOT_READY, f"{self.api.url}/v1/models: {type(exc).__name__}"
-        listed = checks.check_models(models, self.api.served_name, self.api.max_model_len)
-        if listed.status == checks.FAILED:
-            return Probe.NOT_READY, listed.message
-        body = {"model": self.api.served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-        started = time.monotonic()
-        try:
-            response = requests.post(f"{self.api.url}/v1/completions", json=body, headers=self.api.headers(),
-                                     timeout=timeout_s)
-        except requests.Timeout:
-            return Probe.TIMEOUT, f"no token within {timeout_s:g} s"
-        except requests.RequestException as exc:
-            return Probe.ERROR, f"/v1/completions: {type(exc).__name__}"
-        answer = _json_or_none(response) or {}
-        choices = answer.get("choices") if isinstance(answer, dict) else None
-        result = {"status_code": response.status_code, "elapsed": time.monotonic() - started,
-                  "tokens": bool(choices and (choices[0].get("text") is not None))}
-        live = checks.check_liveness(result, timeout_s)
-        if live.status != checks.OK:
-            return Probe.ERROR, live.message
-        return Probe.OK, live.message
+        results = gather.gather_pair(self.api.url, self.api.served_name, self.api.api_key, timeout_s)
+        return classify_probe(results, self.api, timeout_s)
 
     def observe(self, probe_timeout_s: float) -> Observation:
         props = self.head_props()
@@ -407,13 +402,6 @@ class Pair:
         if head_state == "active" and worker_state == "active":
             probe, detail = self.probe(probe_timeout_s)
         return Observation(head_state, worker_state, probe, detail, active_for_s(props, time.monotonic()))
-
-
-def _json_or_none(response: object) -> object:
-    try:
-        return response.json()  # type: ignore[attr-defined]
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
