@@ -228,3 +228,15 @@ def test_vllm_entry_aliases_only_a_missing_vllm_distribution():
         version("numpy")
     installed["vllm"] = "0.33.0"
     assert version("vllm") == "0.33.0"
+
+
+def test_unreadable_env_file_is_taken_from_systemd_credentials(tmp_path):
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "secrets.env").write_text("VLLM_API_KEY=k\n")
+    readable = tmp_path / "serve.env"
+    readable.write_text("")
+    unreadable = str(tmp_path / "etc" / "secrets.env")  # missing here stands in for root's 0600 file
+    paths = launcher.credential_fallback([str(readable), unreadable], {"CREDENTIALS_DIRECTORY": str(credentials)})
+    assert paths == [str(readable), str(credentials / "secrets.env")]
+    assert launcher.credential_fallback([unreadable], {}) == [unreadable]

@@ -168,6 +168,24 @@ def resolve_gid(
     return notes
 
 
+def credential_fallback(paths: list[str], environ: Mapping[str, str]) -> list[str]:
+    """Env files to read: a file this user cannot read is taken from systemd's credentials directory instead.
+
+    secrets.env is root's alone (0600); a unit running the launcher as the service user hands it over with
+    `LoadCredential=secrets.env:/etc/twinspark/secrets.env`, which systemd exposes as
+    $CREDENTIALS_DIRECTORY/secrets.env.
+    """
+    credentials = environ.get("CREDENTIALS_DIRECTORY")
+    out = []
+    for path in paths:
+        candidate = Path(credentials) / Path(path).name if credentials else None
+        if candidate is not None and not os.access(path, os.R_OK) and candidate.is_file():
+            out.append(str(candidate))
+        else:
+            out.append(path)
+    return out
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="start this node's vLLM rank from its env files (exec, no shell)")
     parser.add_argument("--env", action="append", default=[], metavar="FILE", dest="env_files",
@@ -197,7 +215,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     raw: dict[str, str] = {}
     if args.environ:
         raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
-    read = envfile.read_files(args.env_files)
+    read = envfile.read_files(credential_fallback(args.env_files, os.environ))
     raw.update(read.values)
     result = validate.validate(raw, registry)
     problems = read.problems + [str(p) for p in result.problems]

@@ -142,3 +142,47 @@ def example_env(profile: str, rank: int, registry: Registry | None = None) -> tu
 
 EXAMPLE_HEAD_ADDRESS = "192.0.2.1"
 EXAMPLE_WORKER_ADDRESS = "192.0.2.2"
+
+
+def knobs_from_host_vars(host_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """The `twinspark_*` variables of one host (its merged inventory view), except its fabric address."""
+    return {name: host_vars[name] for name in list(host_vars.keys())
+            if str(name).startswith("twinspark_") and name != FABRIC_ADDRESS_VAR}
+
+
+def pair_envs(
+    host_vars: Mapping[str, Mapping[str, Any]],
+    head: str,
+    worker: str,
+    registry: Registry | None = None,
+) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """(serve, secrets) for both nodes from each host's merged inventory variables, checked as a pair.
+
+    Knobs that are not per-node must come out equal on both nodes (a host variable overriding one of them on a
+    single node is an error). Raises NodeEnvError with every problem, prefixed by the host(s) it concerns.
+    """
+    registry = registry or settings.load()
+    addresses = {name: env_text(host_vars[name].get(FABRIC_ADDRESS_VAR)) or "" for name in (head, worker)}
+    envs: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    problems: dict[str, list[str]] = {}
+    for rank, name in enumerate((head, worker)):
+        try:
+            envs[name] = node_env(knobs_from_host_vars(host_vars[name]), rank, addresses[head], addresses[worker],
+                                  registry=registry)
+        except NodeEnvError as error:
+            for problem in error.problems:
+                problems.setdefault(problem, []).append(name)
+    if not problems and len(envs) == 2:
+        merged = [{**serve, **secrets} for serve, secrets in (envs[head], envs[worker])]
+        for knob in registry.knobs:
+            if knob.per_node or knob.derived:
+                continue
+            left, right = merged[0].get(knob.env), merged[1].get(knob.env)
+            if left != right:
+                shown = "" if knob.secret else f" ({head}: {left!r}, {worker}: {right!r})"
+                problem = (f"{knob.var}: differs between the nodes{shown}; it must be the same on both, so set it "
+                           "for the whole pair (group_vars), not per host")
+                problems.setdefault(problem, []).extend([head, worker])
+    if problems:
+        raise NodeEnvError([f"{', '.join(hosts)}: {problem}" for problem, hosts in problems.items()])
+    return envs

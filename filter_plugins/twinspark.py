@@ -1,0 +1,101 @@
+"""Ansible filters over twinspark.nodeenv: a node's env from the inventory, and the pair's problems.
+
+The rules live in the Python package (python_tools/twinspark); these filters only adapt Ansible's variables to
+it. The package is imported from this checkout's python_tools/ when it is not installed on the controller.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
+if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
+    sys.path.insert(0, str(_TOOLS))
+
+from ansible.errors import AnsibleFilterError
+from twinspark import envfile, nodeenv, settings
+
+HEAD_GROUP = "twinspark_head"
+WORKER_GROUP = "twinspark_worker"
+
+
+def _split_args(args):
+    """Accept (hostvars, groups) or (host name, groups, hostvars) in any order: tell them apart by shape."""
+    host_name = groups = all_hostvars = None
+    for arg in args:
+        if isinstance(arg, str):
+            host_name = arg
+        elif hasattr(arg, "get") and isinstance(arg.get("all"), (list, tuple)):
+            groups = arg
+        else:
+            all_hostvars = arg
+    if groups is None or all_hostvars is None:
+        raise AnsibleFilterError("twinspark_node_env needs hostvars and groups, e.g. "
+                                 "hostvars[inventory_hostname] | twinspark_node_env(hostvars, groups)")
+    return host_name, groups, all_hostvars
+
+
+def group_problems(groups) -> list[str]:
+    """What is wrong with the inventory groups of the pair (exactly one head, one worker, not the same host)."""
+    problems = []
+    heads = list(groups.get(HEAD_GROUP) or [])
+    workers = list(groups.get(WORKER_GROUP) or [])
+    for group, members, role in ((HEAD_GROUP, heads, "head (rank 0)"), (WORKER_GROUP, workers, "worker (rank 1)")):
+        if len(members) != 1:
+            problems.append(f"group {group}: must hold exactly one host, the {role}; it holds {len(members)} "
+                            f"({', '.join(members) or 'none'}). Fix the inventory's hosts.yml")
+    if heads and workers and set(heads) & set(workers):
+        problems.append(f"groups {HEAD_GROUP} and {WORKER_GROUP}: {', '.join(sorted(set(heads) & set(workers)))} "
+                        "is in both; the head and the worker must be two different hosts")
+    return problems
+
+
+def _pair(groups, all_hostvars):
+    problems = group_problems(groups)
+    if problems:
+        raise nodeenv.NodeEnvError(problems)
+    head, worker = groups[HEAD_GROUP][0], groups[WORKER_GROUP][0]
+    return head, worker, nodeenv.pair_envs({head: all_hostvars[head], worker: all_hostvars[worker]}, head, worker)
+
+
+def twinspark_node_env(host_vars, *args):
+    """This node's env as {ENV_NAME: value} (serve and secrets together; use no_log where secrets may show)."""
+    host_name, groups, all_hostvars = _split_args(args)
+    host_name = host_name or str(host_vars["inventory_hostname"])
+    try:
+        _, _, envs = _pair(groups, all_hostvars)
+    except nodeenv.NodeEnvError as error:
+        raise AnsibleFilterError("invalid TwinSpark inventory:\n" + str(error)) from None
+    if host_name not in envs:
+        raise AnsibleFilterError(f"{host_name}: is neither in {HEAD_GROUP} nor in {WORKER_GROUP}; add it to one "
+                                 "of them or leave it out of the play")
+    serve, secrets = envs[host_name]
+    return {**serve, **secrets}
+
+
+def twinspark_pair_problems(all_hostvars, groups):
+    """Every problem of the pair's inventory, one line each; empty when both nodes' envs are valid."""
+    try:
+        _pair(groups, all_hostvars)
+    except nodeenv.NodeEnvError as error:
+        return list(error.problems)
+    return []
+
+
+def twinspark_env_file(env, file):
+    """The part of a node env that belongs in `file` (serve | secrets), values quoted for an env file."""
+    registry = settings.load()
+    if file not in settings.FILES:
+        raise AnsibleFilterError(f"twinspark_env_file: file must be one of {', '.join(settings.FILES)}, got {file!r}")
+    return {key: envfile.quote(str(value)) for key, value in dict(env).items()
+            if (registry.get(key) is not None and registry[key].file == file)}
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "twinspark_node_env": twinspark_node_env,
+            "twinspark_pair_problems": twinspark_pair_problems,
+            "twinspark_env_file": twinspark_env_file,
+        }

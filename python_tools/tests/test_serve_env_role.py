@@ -1,0 +1,159 @@
+"""The inventory side: the twinspark_node_env filter, playbooks/validate.yml and the serve_env role.
+
+The role runs for real against this machine (connection local) with its directories pointed into a temporary
+directory; validation on the "node" uses this checkout's own `twinspark` command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twinspark import envfile, generate, settings, validate
+
+ROOT = generate.repo_root()
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+TWINSPARK = Path(sys.executable).with_name("twinspark")
+
+
+def load_filters():
+    spec = importlib.util.spec_from_file_location("twinspark_filters", ROOT / "filter_plugins" / "twinspark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def inventory_vars(source: Path):
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(source)])
+    variables = VariableManager(loader=loader, inventory=inventory)
+    hostvars = {host.name: variables.get_vars(host=host) for host in inventory.get_hosts()}
+    return hostvars, inventory.get_groups_dict()
+
+
+def playbook(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": os.environ.get("TMPDIR", "/tmp")}
+    result = subprocess.run([str(ANSIBLE_PLAYBOOK), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_filter_on_the_sim_inventory():
+    filters = load_filters()
+    hostvars, groups = inventory_vars(ROOT / "inventory" / "sim")
+    head = filters.twinspark_node_env(hostvars["node1"], hostvars, groups)
+    worker = filters.twinspark_node_env(hostvars["node2"], "node2", groups, hostvars)
+    assert (head["NODE_RANK"], head["VLLM_HOST_IP"], head["MASTER_ADDR"]) == ("0", "10.77.0.1", "10.77.0.1")
+    assert (worker["NODE_RANK"], worker["VLLM_HOST_IP"], worker["WORKER_HOST"]) == ("1", "10.77.0.2", "10.77.0.2")
+    assert head["TWINSPARK_PROFILE"] == worker["TWINSPARK_PROFILE"] == "cpu"
+    assert (head["VLLM_CPU_OMP_THREADS_BIND"], worker["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "1")
+    assert head["GLOO_SOCKET_IFNAME"] == "ic0"
+    for env in (head, worker):
+        assert validate.validate(env).ok
+    assert filters.twinspark_env_file(head, "secrets") == {"VLLM_API_KEY": "twinspark-sim-test-only-key"}
+    assert "VLLM_API_KEY" not in filters.twinspark_env_file(head, "serve")
+
+
+def test_filter_on_the_example_inventory_is_valid():
+    filters = load_filters()
+    hostvars, groups = inventory_vars(ROOT / "inventory" / "example")
+    assert filters.twinspark_pair_problems(hostvars, groups) == []
+    env = filters.twinspark_node_env(hostvars["spark-b"], hostvars, groups)
+    assert (env["TWINSPARK_PROFILE"], env["MASTER_ADDR"], env["VLLM_HOST_IP"]) == ("gb10", "198.51.100.1",
+                                                                                  "198.51.100.2")
+
+
+def test_filter_reports_group_and_pair_problems():
+    filters = load_filters()
+    hostvars, groups = inventory_vars(ROOT / "inventory" / "sim")
+    two_heads = {**groups, "twinspark_head": ["node1", "node2"], "twinspark_worker": ["node2"]}
+    problems = filters.twinspark_pair_problems(hostvars, two_heads)
+    assert problems[0].startswith("group twinspark_head: must hold exactly one host, the head (rank 0); it holds 2")
+    assert problems[1].startswith("groups twinspark_head and twinspark_worker: node2 is in both")
+    skewed = {**hostvars, "node2": {**hostvars["node2"], "twinspark_max_model_len": 1024}}
+    assert filters.twinspark_pair_problems(skewed, groups) == [
+        "node1, node2: twinspark_max_model_len: differs between the nodes (node1: '512', node2: '1024'); it must be "
+        "the same on both, so set it for the whole pair (group_vars), not per host"]
+
+
+def test_example_inventory_comments_show_the_registry_defaults():
+    registry = settings.load()
+    shown = {}
+    for path in (ROOT / "inventory" / "example" / "group_vars" / "all").glob("*.yml"):
+        for line in path.read_text().splitlines():
+            if line.startswith("# twinspark_") and ": " in line and "!vault" not in line:
+                name, value = line[2:].split(": ", 1)
+                shown[name] = (path.stem, yaml.safe_load(value))
+    assert shown, "the example inventory shows no knob"
+    for name, (concern, value) in shown.items():
+        knob = registry.by_var(name)
+        assert knob is not None, name
+        if knob.env == "NCCL_IB_GID_INDEX" or knob.type == "keys":
+            continue
+        assert knob.concern == concern, f"{name} belongs in {knob.concern}.yml"
+        default = knob.default_for("gb10")
+        assert settings.to_env_text(value) == (default or ""), name
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_validate_playbook_passes_on_the_sim_inventory_and_names_a_bad_variable():
+    ok = playbook("-i", "inventory/sim", "playbooks/validate.yml", check=True)
+    assert "Inventory valid: head node1 (rank 0), worker node2 (rank 1), profile cpu." in ok.stdout
+    bad = playbook("-i", "inventory/sim", "playbooks/validate.yml", "-e", "twinspark_mtp_num_tokens=3",
+                   "-e", "twinspark_vllm_port=70000", "-e", "twinspark_vllm_api_key=-leaky-key")
+    assert bad.returncode != 0
+    assert "no host was touched" in bad.stdout
+    assert "twinspark_vllm_port (VLLM_PORT): is not a TCP port (got '70000')" in bad.stdout
+    assert "twinspark_mtp_num_tokens (MTP_NUM_TOKENS): applies only to the gb10 profile, not cpu" in bad.stdout
+    assert "twinspark_vllm_api_key (VLLM_API_KEY): has a key starting with '-'" in bad.stdout
+    assert "leaky" not in bad.stdout + bad.stderr
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
+    etc, state = tmp_path / "etc", tmp_path / "state"
+    state.mkdir()
+    args = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node2", "-e", "ansible_connection=local",
+            "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
+            "-e", f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending",
+            "-e", f"serve_env_cli={TWINSPARK}"]
+    first = playbook(*args, check=True)
+    assert "changed=4" in first.stdout.replace(" ", "")  # directory, two files, restart marker
+    assert "twinspark-sim-test-only-key" not in first.stdout + first.stderr
+    serve, secrets = etc / "serve.env", etc / "secrets.env"
+    assert serve.stat().st_mode & 0o777 == 0o640
+    assert secrets.stat().st_mode & 0o777 == 0o600
+    assert (state / "restart-pending").exists()
+    text = serve.read_text()
+    assert text.startswith("#")
+    assert "NODE_RANK=1\n" in text and "VLLM_HOST_IP=10.77.0.2\n" in text
+    assert "VLLM_USE_BREAKABLE_CUDAGRAPH=0\n" in text
+    assert "VLLM_API_KEY" not in text
+    assert envfile.read_files([serve, secrets]).values["VLLM_API_KEY"] == "twinspark-sim-test-only-key"
+    check = subprocess.run([str(TWINSPARK), "env", "check", str(serve), str(secrets)], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert check.returncode == 0, check.stderr
+
+    (state / "restart-pending").unlink()
+    again = playbook(*args, check=True)
+    assert "changed=0" in again.stdout.replace(" ", "")
+    assert not (state / "restart-pending").exists()
+
+    changed = playbook(*args, "-e", "twinspark_max_model_len=256", "--diff", check=True)
+    assert "MAX_MODEL_LEN=256" in serve.read_text()
+    assert (state / "restart-pending").exists()
+    assert "twinspark-sim-test-only-key" not in changed.stdout + changed.stderr
+
