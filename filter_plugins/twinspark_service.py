@@ -6,9 +6,15 @@ restart are decided in Python, once, for the playbooks and the pair guard alike.
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
+import sys
+from pathlib import Path
 
-from twinspark import pairguard
+_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
+if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
+    sys.path.insert(0, str(_TOOLS))
+
+from ansible.errors import AnsibleFilterError  # noqa: E402
+from twinspark import pairguard  # noqa: E402
 
 
 def twinspark_pair_api(env):
