@@ -13,8 +13,8 @@ _TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
 if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
-from ansible.errors import AnsibleFilterError  # noqa: E402
-from twinspark import pairguard  # noqa: E402
+from ansible.errors import AnsibleFilterError
+from twinspark import pairguard
 
 
 def twinspark_pair_api(env):
