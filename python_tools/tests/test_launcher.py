@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import cli, launcher, nodeenv, validate, vllm_entry
+from twinspark import cli, envfile, launcher, nodeenv, validate, vllm_entry
 
 PINNED = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 REASONING_CONFIG = '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>","reasoning_end_str":"</think>"}'
@@ -132,6 +132,16 @@ def test_empty_nccl_passthrough_is_unset_even_when_inherited(tmp_path, capsys):
     values = validate.validate({**nodeenv.example_env("gb10", 0)[0], "NCCL_IB_MERGE_NICS": ""}).values
     env = launcher.build_command(values).process_env({"NCCL_IB_MERGE_NICS": "", "HOME": "/root"})
     assert "NCCL_IB_MERGE_NICS" not in env and env["HOME"] == "/root"
+
+
+def test_empty_nccl_library_path_means_the_bundled_copy_and_survives_rendering(tmp_path, capsys):
+    serve, _ = nodeenv.node_env({"twinspark_vllm_nccl_so_path": ""}, 0, "192.0.2.1", "192.0.2.2")
+    assert serve["VLLM_NCCL_SO_PATH"] == ""
+    path = tmp_path / "serve.env"
+    path.write_text(envfile.render(serve))
+    shown = dry_run(capsys, path)
+    assert "VLLM_NCCL_SO_PATH" not in shown["env"]
+    assert "VLLM_NCCL_SO_PATH" in shown["unset"]
 
 
 @pytest.mark.parametrize(("written", "expected"), [("true", "1"), ("off", "0"), ("yes", "1"), ("auto", None)])

@@ -114,7 +114,7 @@ def build_command(
     env: dict[str, str] = dict(others or {})
     for knob in registry.knobs:
         value = values.get(knob.env)
-        if knob.passes == "env" and value is not None and not (knob.allow_auto and value == "auto"):
+        if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
     env.update(registry.fixed_env(profile))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)

@@ -254,7 +254,11 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
             continue
         value: str | None
         if text is None or (_is_blank(knob, text) and knob.empty != "keep"):
-            value = None if (text is not None and knob.empty == "absent") else knob.default_for(profile, rank)
+            value = knob.default_for(profile, rank)
+            if text is not None and knob.empty == "absent":
+                # Set empty on purpose: absent for vLLM. Kept as "" when a default exists, so that a rendered
+                # file says so (leaving the line out would bring the default back).
+                value = "" if value is not None else None
         else:
             try:
                 value = _NORMALISERS[knob.type](knob, text)
