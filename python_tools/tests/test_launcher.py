@@ -250,3 +250,38 @@ def test_unreadable_env_file_is_taken_from_systemd_credentials(tmp_path):
     paths = launcher.credential_fallback([str(readable), unreadable], {"CREDENTIALS_DIRECTORY": str(credentials)})
     assert paths == [str(readable), str(credentials / "secrets.env")]
     assert launcher.credential_fallback([unreadable], {}) == [unreadable]
+
+
+def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
+    """End to end through exec: a stand-in `vllm` package (vLLM is not installed here) records what it got."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake_vllm_site"
+    cli_dir = fake / "vllm" / "entrypoints" / "cli"
+    cli_dir.mkdir(parents=True)
+    for package in (fake / "vllm", fake / "vllm" / "entrypoints", cli_dir):
+        (package / "__init__.py").write_text("")
+    record = tmp_path / "record.json"
+    (cli_dir / "main.py").write_text(
+        "import json, os, sys\n"
+        "def main():\n"
+        f"    json.dump({{'argv': sys.argv, 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
+        "    return 0\n"
+    )
+    path = write_defaults(tmp_path, "cpu", 1, "NCCL_IB_TC=106\n")
+    env = {**os.environ, "PYTHONPATH": str(fake), "VLLM_PORT": "8888", "MAX_NUM_SEQS": "6",
+           "VLLM_CPU_KVCACHE_SPACE": "99"}
+    twinspark = Path(sys.executable).with_name("twinspark")
+    result = subprocess.run([str(twinspark), "serve", "--env", str(path)], env=env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(record.read_text())
+    assert got["argv"][:3] == ["vllm", "serve", "/var/lib/twinspark/models/tiny-llama"]
+    assert got["argv"][-1] == "--headless"
+    assert "VLLM_PORT" not in got["env"] and "MAX_NUM_SEQS" not in got["env"]
+    assert got["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert got["env"]["VLLM_HOST_IP"] == "192.0.2.2"
+    assert got["env"]["NCCL_IB_TC"] == "106"
+    assert got["env"]["PATH"] == os.environ["PATH"]

@@ -286,3 +286,13 @@ def test_json_output_hides_secrets(tmp_path, capsys):
     out = capsys.readouterr().out
     assert SECRET not in out
     assert json.loads(out)["values"]["MAX_NUM_SEQS"] == "6"
+
+
+def test_defaults_written_to_a_file_atomically(tmp_path, capsys):
+    target = tmp_path / "serve.env"
+    target.write_text("OLD=1\n")
+    assert cli.main(["env", "defaults", "--profile", "cpu", "--rank", "1", "--output", str(target)]) == 0
+    assert capsys.readouterr().out == ""
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert "NODE_RANK=1\n" in target.read_text() and "OLD=1" not in target.read_text()
+    assert check(capsys, str(target)) == (0, [])
