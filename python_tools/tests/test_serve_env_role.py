@@ -157,3 +157,22 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     assert (state / "restart-pending").exists()
     assert "twinspark-sim-test-only-key" not in changed.stdout + changed.stderr
 
+
+
+def test_filter_plugin_finds_the_package_without_an_install(tmp_path):
+    """A controller with only ansible and PyYAML (no twinspark installed) still loads the filter."""
+    site = tmp_path / "site"
+    (site / "ansible").mkdir(parents=True)
+    (site / "ansible" / "__init__.py").write_text("")
+    (site / "ansible" / "errors.py").write_text("class AnsibleFilterError(Exception):\n    pass\n")
+    (site / "yaml").symlink_to(Path(yaml.__file__).parent)
+    code = (
+        "import sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p and 'python_tools' not in p]; "
+        f"sys.path.insert(0, {str(site)!r}); import runpy; "
+        f"module = runpy.run_path({str(ROOT / 'filter_plugins' / 'twinspark.py')!r}); "
+        "print(module['nodeenv'].__file__)"
+    )
+    result = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(ROOT / "python_tools" / "twinspark" / "nodeenv.py")
