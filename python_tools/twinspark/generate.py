@@ -114,7 +114,24 @@ def config_markdown(registry: Registry) -> str:
             if knob.secret:
                 facts.append("secret")
             lines += [f"### `{knob.env}`", "", " · ".join(facts), "", knob.doc, ""]
-    lines += ["## Fixed per profile", "", "Not knobs: the launcher always passes these.", ""]
+    lines += [
+        "## Flags built from several knobs",
+        "",
+        "The launcher (`twinspark serve`, see `--dry-run --json`) adds these when their knobs are present:",
+        "",
+        "- `--max-cudagraph-capture-size` = MAX_NUM_SEQS x (MTP_NUM_TOKENS + 1) (36 by default);",
+        "- `--speculative-config {\"method\":\"dspark\",\"num_speculative_tokens\":MTP_NUM_TOKENS,"
+        "\"draft_sample_method\":DRAFT_SAMPLE_METHOD}`, written by a JSON encoder from validated values;",
+        "- `--default-chat-template-kwargs` from DEFAULT_THINKING (`{\"thinking\":false}` for off);",
+        "- one `--api-key` followed by every key of VLLM_API_KEY or DSPARK_API_KEYS (never repeated: vLLM keeps only",
+        "  the last);",
+        "- `--headless` on the worker (NODE_RANK=1) only. `--max-num-partial-prefills` is never passed.",
+        "",
+        "## Fixed per profile",
+        "",
+        "Not knobs: the launcher always passes these.",
+        "",
+    ]
     lines += ["Both profiles, flags: `" + " ".join(registry.common_args) + "`", ""]
     lines += ["Both profiles, environment:", ""]
     lines += [f"- `{k}={v}`" for k, v in registry.common_env.items()]
