@@ -382,7 +382,8 @@ def check_model_agree(models: Mapping[str, Mapping[str, object]]) -> CheckResult
         return failed(PAIR, "model-agree", f"model differs: {parts}",
                       "pin one revision in the inventory and rerun site.yml (role model_cache)")
     first = models[nodes[0]]
-    return ok(PAIR, "model-agree", f"{first.get('model')}@{first.get('snapshot') or first.get('revision')}")
+    pinned = first.get("snapshot") or first.get("revision") or "unpinned"
+    return ok(PAIR, "model-agree", f"{first.get('model')}@{pinned} on {', '.join(nodes)}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
