@@ -19,21 +19,30 @@ install_host_packages() {
 
 base_stamp() { cat "$SIM_DIR/rootfs/base/etc/twinspark-sim-base" 2>/dev/null; }
 
-node_is_up() {
-  local n=$1 state
-  [ "$(cat "$SIM_DIR/nodes/$n/base-stamp" 2>/dev/null)" = "$(base_stamp)" ] || return 1
-  state=$(NX_TIMEOUT=10 nx "$n" systemctl is-system-running 2>/dev/null) || true
-  case "$state" in running|degraded) ;; *) return 1;; esac
-  SSH_TIMEOUT=10 node_ssh "$n" true 2>/dev/null
-}
-
-pair_is_up() {
+# The pair is running when both node launchers live and the network they hang off is complete. Then `up` only
+# checks it (bounded waits) and never tears it down: other people's playbook runs may be using it.
+pair_is_running() {
   local n
   ip route show type blackhole | grep -q "^blackhole $IC_PREFIX.0/24" || return 1
   ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
   ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
-  acng_listening || return 1
-  for n in "${NODES[@]}"; do node_is_up "$n" || return 1; done
+  for n in "${NODES[@]}"; do
+    launcher_pid "$n" >/dev/null || return 1
+    ip link show "$(host_veth "$n")" >/dev/null 2>&1 || return 1
+  done
+}
+
+ensure_apt_cache() {
+  if acng_listening; then log "apt-cacher-ng running (pid $(acng_pid))"; return 0; fi
+  stop_apt_cache
+  apt_cache_up
+}
+
+check_nodes() {
+  local n t
+  t=$(now)
+  for n in "${NODES[@]}"; do wait_node_booted "$n" "$t"; done
+  for n in "${NODES[@]}"; do wait_node_ssh "$n"; done
 }
 
 network_up() {
@@ -81,7 +90,7 @@ ExThreshold: 4
 EOC
   # shellcheck disable=SC2016  # expanded by the inner shell
   setsid bash -c 'echo $$ >"$1/run/acng.pid"; exec apt-cacher-ng -c "$1/acng-conf"' _ "$SIM_DIR" \
-    </dev/null >"$SIM_DIR/logs/acng/stdout.log" 2>&1 &
+    </dev/null >"$SIM_DIR/logs/acng/stdout.log" 2>&1 9>&- &
   wait_until 15 acng_listening || { cat "$SIM_DIR/logs/acng/stdout.log" >&2; die "apt-cacher-ng did not listen on $HOST_IP:$ACNG_PORT within 15 s"; }
   log "apt-cacher-ng on $HOST_IP:$ACNG_PORT, pid $(cat "$SIM_DIR/run/acng.pid")"
 }
@@ -156,7 +165,7 @@ start_node() {
     -q --boot --directory="$root" --machine="$n" --register=no --keep-unit \
     --network-namespace-path="/run/netns/$n" --console=passive --resolv-conf=off --link-journal=no \
     --timezone=off --capability=CAP_NET_ADMIN --bind-ro="$SIM_DIR/wheelhouse:/opt/wheelhouse" \
-    </dev/null >>"$SIM_DIR/logs/$n.console.log" 2>&1 &
+    </dev/null >>"$SIM_DIR/logs/$n.console.log" 2>&1 9>&- &
 }
 
 wait_node_booted() {

@@ -25,7 +25,9 @@ SSH_KEY=$SIM_DIR/ssh/id_ed25519
 SSH_OPTS=(-i "$SSH_KEY" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
   -o ConnectTimeout=5 -o BatchMode=yes)
 # up/down serialise on their own lock; playbook runs use /var/tmp/twinspark-sim.lock (held by callers, not here).
-HARNESS_LOCK=${SIM_DIR%/}.harness.lock
+# Long-running children (node launchers, apt-cacher-ng) are started with its descriptor (9) closed, or they would hold
+# the lock for as long as the pair runs.
+HARNESS_LOCK=$SIM_DIR/harness.lock
 
 log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -61,7 +63,17 @@ pid_is() {  # pid_is PID WORD: the process exists and WORD appears in its comman
 first_child() { awk '{ print $1 }' "/proc/$1/task/$1/children" 2>/dev/null; }
 launcher_pid() {
   local p; p=$(cat "$SIM_DIR/run/$1.pid" 2>/dev/null) || return 1
-  pid_is "$p" "node-launcher $1" && echo "$p"
+  pid_is "$p" "node-launcher $1 $SIM_DIR " && echo "$p"
+}
+# PIDs whose command line contains PATTERN (a fixed string naming this state dir), for leftovers whose PID file is
+# gone: a node launcher or apt-cacher-ng with our own arguments is ours.
+pids_with_cmdline() {
+  local d cmdline
+  for d in /proc/[0-9]*; do
+    cmdline=$( { tr '\0' ' ' <"$d/cmdline"; } 2>/dev/null) || continue
+    [[ $cmdline == *"$1"* ]] && echo "${d#/proc/}"
+  done
+  return 0
 }
 nspawn_pid() {
   local w c; w=$(launcher_pid "$1") || return 1
@@ -88,11 +100,16 @@ wait_until() {  # wait_until SECONDS CMD...: retry CMD every 0.2 s until it succ
     sleep 0.2
   done
 }
+acng_cmdline() { echo "apt-cacher-ng -c $SIM_DIR/acng-conf "; }
 acng_pid() {
   local p; p=$(cat "$SIM_DIR/run/acng.pid" 2>/dev/null) || return 1
-  pid_is "$p" apt-cacher-ng && echo "$p"
+  pid_is "$p" "$(acng_cmdline)" && echo "$p"
 }
-acng_listening() { ss -Hltn "src $HOST_IP:$ACNG_PORT" | grep -q .; }
+# Listening on the bridge address, and the listener is the apt-cacher-ng we recorded.
+acng_listening() {
+  local p; p=$(acng_pid) || return 1
+  ss -Hltnp "src $HOST_IP:$ACNG_PORT" | grep -q "pid=$p,"
+}
 # The harness's own cgroup directories for a node (cgroup v2 and the v1 name=systemd hierarchy, where present).
 node_cgroup_roots() {
   local h

@@ -16,6 +16,13 @@ stop_node() {
     log "$n: stopped (launcher pid $w)"
   fi
   rm -f "$SIM_DIR/run/$n.pid"
+  # A launcher whose PID file is gone (a state dir cleaned by hand) is still found by its own arguments.
+  pids=$(pids_with_cmdline "node-launcher $n $SIM_DIR ")
+  if [ -n "$pids" ]; then
+    log "$n: stopping launcher(s) without a PID file: $(echo "$pids" | tr '\n' ' ')"
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+  fi
   # Anything still inside the node's cgroups was started by the harness (the cgroups are ours alone).
   local root
   for root in $(node_cgroup_roots "$n"); do
@@ -50,11 +57,13 @@ remove_node_traces() {
 
 stop_apt_cache() {
   local p
-  if p=$(acng_pid); then
+  # The recorded one, and any other started with our config (its PID file lost).
+  for p in $(acng_pid; pids_with_cmdline "$(acng_cmdline)"); do
+    kill -0 "$p" 2>/dev/null || continue
     kill -TERM "$p" 2>/dev/null || true
     wait_until 10 eval "! kill -0 $p 2>/dev/null" || kill -KILL "$p" 2>/dev/null || true
     log "apt-cacher-ng stopped (pid $p)"
-  fi
+  done
   rm -f "$SIM_DIR/run/acng.pid" "$SIM_DIR/run/acng.daemon.pid"
 }
 
