@@ -233,7 +233,7 @@ def test_recorded_persistence_off_is_a_finding_pointing_at_nvidia_persistenced()
     assert finding.startswith("persistence mode is off on GPU 0 (NVIDIA GB10)") and "nvidia-persistenced" in finding
 
 
-def test_persistence_can_be_not_required():
+def test_recorded_persistence_off_passes_when_persistence_is_not_required():
     assert assess_recorded("gb10_persistence_off", require_persistence=False).findings == ()
 
 
@@ -253,29 +253,29 @@ def test_recorded_mismatch_in_verify_mode_fails_and_says_reboot_without_rebootin
     assert "nvidia_driver_mode=verify changes nothing" in step.message
 
 
-def test_mismatch_after_the_reboot_fails_instead_of_rebooting_again():
+def test_recorded_mismatch_after_the_reboot_fails_instead_of_rebooting_again():
     step = driver_plan.next_step("install", assess_recorded("version_mismatch"), rebooted=True)
     assert step.action == "fail" and "still not consistent after a reboot" in step.message
 
 
-def test_install_with_reboots_disallowed_fails_with_the_reason():
+def test_recorded_mismatch_with_reboots_disallowed_fails_with_the_reason():
     step = driver_plan.next_step("install", assess_recorded("version_mismatch"), rebooted=False, reboot_allowed=False)
     assert step.action == "fail" and "nvidia_driver_reboot is false" in step.message
 
 
-def test_module_changed_on_disk_but_old_one_loaded_needs_a_reboot_even_if_nvidia_smi_still_works():
+def test_recorded_gb10_with_old_module_loaded_needs_a_reboot_even_though_nvidia_smi_works():
     assessment = assess_recorded("gb10_driver_580", loaded="580.82.07", installed="580.95.05")
     assert assessment.reboot_reasons == (
         "the loaded NVIDIA kernel module is 580.82.07 but the one installed for this kernel is 580.95.05",
     )
 
 
-def test_freshly_installed_module_not_yet_loaded_needs_a_reboot():
+def test_recorded_unreachable_driver_with_fresh_module_not_loaded_needs_a_reboot():
     assessment = assess_recorded("driver_unreachable", loaded=None, installed="580.95.05")
     assert assessment.reboot_reasons == ("the NVIDIA kernel module 580.95.05 is installed but not loaded",)
 
 
-def test_no_module_for_the_running_kernel_is_a_finding_not_a_reboot():
+def test_recorded_unreachable_driver_without_module_is_a_finding_not_a_reboot():
     assessment = assess_recorded("driver_unreachable", loaded=None, installed=None)
     assert not assessment.reboot_required
     (finding,) = assessment.findings

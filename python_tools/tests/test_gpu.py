@@ -12,7 +12,7 @@ from recorded_nvidia_smi import parse_recorded, recorded
 from twinspark import cli, gpu
 
 
-def test_gb10_on_driver_580_is_listed_with_unified_memory_reported_as_unknown():
+def test_recorded_gb10_on_driver_580_is_listed_with_unified_memory_reported_as_unknown():
     query = parse_recorded("gb10_driver_580")
     assert query.status == "ok" and query.exit_code == 0
     (only,) = query.gpus
@@ -24,14 +24,14 @@ def test_gb10_on_driver_580_is_listed_with_unified_memory_reported_as_unknown():
     assert only.pci_bus_id == "0000000F:01:00.0"
 
 
-def test_h100_line_reports_memory_in_mib():
+def test_recorded_h100_line_reports_memory_in_mib():
     (only,) = parse_recorded("h100_driver_570").gpus
     assert only.name == "NVIDIA H100 80GB HBM3"
     assert (only.memory_total_mib, only.memory_used_mib) == (81559, 1)
     assert only.driver_branch == 570
 
 
-def test_persistence_off_is_false_not_unknown():
+def test_recorded_persistence_off_is_false_not_unknown():
     (only,) = parse_recorded("gb10_persistence_off").gpus
     assert only.persistence_mode is False
 
@@ -44,20 +44,20 @@ def test_persistence_off_is_false_not_unknown():
         ("no_devices", "no_devices", 6, "lspci"),
     ],
 )
-def test_each_known_failure_gets_its_own_status_exit_code_and_advice(case, status, exit_code, advice):
+def test_each_recorded_failure_gets_its_own_status_exit_code_and_advice(case, status, exit_code, advice):
     query = parse_recorded(case)
     assert (query.status, query.exit_code) == (status, exit_code)
     assert advice in query.message
     assert query.gpus == ()
 
 
-def test_only_the_mismatch_asks_for_a_reboot():
+def test_only_the_recorded_mismatch_asks_for_a_reboot():
     assert parse_recorded("version_mismatch").reboot_required
     assert not parse_recorded("driver_unreachable").reboot_required
     assert not parse_recorded("gb10_driver_580").reboot_required
 
 
-def test_the_mismatch_detail_quotes_nvidia_smi():
+def test_the_recorded_mismatch_detail_quotes_nvidia_smi():
     assert parse_recorded("version_mismatch").detail == "Failed to initialize NVML: Driver/library version mismatch"
 
 
@@ -113,14 +113,14 @@ def test_cli_table_on_fake_gb10_shows_na_memory_and_persistence(tmp_path, capsys
     assert "NVIDIA GB10" in row and "580.95.05" in row and "n/a" in row and " on " in row
 
 
-def test_cli_mismatch_exits_5_and_says_reboot(tmp_path, capsys):
+def test_cli_on_fake_nvidia_smi_mismatch_exits_5_and_says_reboot(tmp_path, capsys):
     code = cli.main(["gpu", "info", "--nvidia-smi", str(fake_nvidia_smi(tmp_path, "version_mismatch"))])
     out = capsys.readouterr().out
     assert code == 5
     assert out.startswith("version_mismatch: ") and "reboot the node" in out
 
 
-def test_cli_json_still_reports_on_failure(tmp_path, capsys):
+def test_cli_json_on_fake_nvidia_smi_still_reports_no_devices(tmp_path, capsys):
     code = cli.main(["gpu", "info", "--json", "--nvidia-smi", str(fake_nvidia_smi(tmp_path, "no_devices"))])
     report = json.loads(capsys.readouterr().out)
     assert code == 6 and report["exit_code"] == 6 and report["status"] == "no_devices" and report["gpus"] == []
