@@ -44,6 +44,7 @@ sim-status:
 demo: setup
 	scripts/sim/demo
 
-# The molecule scenario: create, converge, idempotence (changed=0), verify, destroy.
+# The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
+# every playbook run against the pair does.
 sim-test: setup
-	timeout 3600 molecule test --scenario-name default
+	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name default
