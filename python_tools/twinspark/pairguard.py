@@ -526,6 +526,29 @@ def cmd_guard(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """One look at the pair, judged like the guard judges it, without acting: for waits in playbooks.
+
+    Exit 0 serving, 1 broken (a rank is down, or not ready after the grace), 3 not yet (starting, worker
+    unreachable, a generation timed out), 2 invalid input.
+    """
+    try:
+        pair = _pair_from_args(args)
+    except (ValueError, OSError) as exc:
+        log(3, f"pair check: {exc}")
+        return 2
+    obs = pair.observe(args.probe_timeout)
+    verdict, reason = assess(obs, _policy_from_args(args))
+    if args.json:
+        print(json.dumps({"observation": {**asdict(obs), "probe": obs.probe.value}, "verdict": verdict.value,
+                          "reason": reason}, indent=1))
+    else:
+        print(f"{verdict.value}: {reason}")
+    if verdict is Verdict.HEALTHY:
+        return 0
+    return 1 if verdict is Verdict.BROKEN else 3
+
+
 def cmd_restart(args: argparse.Namespace) -> int:
     """An operator's (or playbook's) ordered restart: always runs, and clears a give-up when it works."""
     try:
@@ -596,6 +619,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")
     common(guard, acts=True)
     guard.set_defaults(func=_with_defaults(cmd_guard))
+    check = verbs.add_parser("check", help="one look at the pair without acting (exit 0 serving, 1 broken, 3 not yet)")
+    common(check, acts=True)
+    check.set_defaults(func=_with_defaults(cmd_check))
     restart = verbs.add_parser("restart", help="ordered pair restart now (stop head, stop worker, start worker, "
                                                "start head, wait until serving)")
     common(restart, acts=True)
