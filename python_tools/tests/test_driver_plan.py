@@ -69,6 +69,11 @@ def test_install_on_amd64_uses_the_x86_64_repository():
     assert plan["nccl_library_path"] == "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
 
 
+def test_ubuntu_point_release_uses_its_release_repository():
+    repository = driver_plan.cuda_repository("Ubuntu", "24.04.2", "aarch64")
+    assert repository.uri.endswith("/ubuntu2404/sbsa/")
+
+
 def test_install_packages_are_the_open_driver_of_the_branch_the_pinned_toolkit_and_nccl():
     plan = driver_plan.install_plan(profile="gb10", mode="install", branch=580, cuda_version="13.0", **UBUNTU_ARM64)
     assert plan["driver_packages"] == ["nvidia-driver-580-open"]

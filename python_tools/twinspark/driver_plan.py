@@ -122,7 +122,8 @@ def cuda_repository(
     keyring_dir: str = "/etc/apt/keyrings",
 ) -> Repository:
     """NVIDIA's CUDA repository for this node: ubuntu2404/sbsa on arm64 (DGX Spark), ubuntu2404/x86_64 on amd64."""
-    release = SUPPORTED_RELEASES.get((distribution.lower(), version))
+    major_minor = ".".join(str(version).split(".")[:2])  # 24.04.1 is still 24.04
+    release = SUPPORTED_RELEASES.get((distribution.lower(), major_minor))
     if release is None:
         supported = ", ".join(f"{name.capitalize()} {number}" for name, number in SUPPORTED_RELEASES)
         raise PlanError(
