@@ -9,19 +9,42 @@ from __future__ import annotations
 from twinspark.fabric import links
 
 
-def _state(result):
-    return links.parse_link(str(result["item"]["name"]), result.get("stdout", ""), int(result.get("rc", 1)))
+def _state(result, name):
+    return links.parse_link(str(name), result.get("stdout", ""), int(result.get("rc", 1)))
 
 
-def twinspark_fabric_link_problem(result, address, mtu, host, peer):
-    """One registered `ip -j addr show dev NAME` result (item = the interface) -> '' when right, else the message."""
-    return links.describe(_state(result), str(address), int(mtu), str(host), str(peer))
+def twinspark_fabric_link_problem(result, interface, mtu, host, peer):
+    """A registered `ip -j addr show dev NAME` result and its interface ({name, address}) -> '' when right, else
+    the message naming host, interface and peer."""
+    return links.describe(_state(result, interface["name"]), str(interface["address"]), int(mtu), str(host), str(peer))
+
+
+def twinspark_fabric_link_problems(results, mtu, host, peer):
+    """The registered loop results of `ip -j addr show dev NAME` (item = {name, address}) -> one message per bad link."""
+    messages = (twinspark_fabric_link_problem(result, result["item"], mtu, host, peer) for result in results["results"])
+    return [message for message in messages if message]
+
+
+def twinspark_fabric_ping_problems(results, mtu, host, peer, peer_plan):
+    """The registered loop results of the DF pings (item = {name, address}, index = position) -> one message per
+    failed ping; skipped pings (no peer in the run) are not failures."""
+    messages = []
+    for result in results.get("results", []):
+        if result.get("skipped"):
+            continue
+        peer_address = str(peer_plan[int(result["index"])]["address"])
+        output = "\n".join([result.get("stdout", ""), result.get("stderr", "")])
+        message = links.ping_problem(str(result["item"]["name"]), str(host), str(peer), peer_address, int(mtu),
+                                     int(result.get("rc", 1)), output)
+        if message:
+            messages.append(message)
+    return messages
 
 
 def twinspark_fabric_needs_apply(results, mtu):
     """The registered loop results (item = {name, address}) -> whether netplan apply would change something."""
     items = list(results.get("results", []))
-    states = [_state(result) for result in items]
+    states = [_state(result, result["item"]["name"]) for result in items]
     return links.needs_apply(states, [str(result["item"]["address"]) for result in items], int(mtu))
 
 
@@ -34,6 +57,8 @@ class FilterModule:
     def filters(self):
         return {
             "twinspark_fabric_link_problem": twinspark_fabric_link_problem,
+            "twinspark_fabric_link_problems": twinspark_fabric_link_problems,
+            "twinspark_fabric_ping_problems": twinspark_fabric_ping_problems,
             "twinspark_fabric_needs_apply": twinspark_fabric_needs_apply,
             "twinspark_fabric_ping_payload": twinspark_fabric_ping_payload,
         }

@@ -37,8 +37,10 @@ def test_link_without_carrier_is_down():
     assert check(ip_addr(flags=flags, operstate="LOWERLAYERDOWN")) == [links.DOWN]
 
 
-def test_administratively_down():
-    assert check(ip_addr(flags=("BROADCAST", "MULTICAST"), operstate="DOWN")) == [links.DOWN]
+def test_administratively_down_is_for_netplan_to_fix():
+    state = links.parse_link("ic0", ip_addr(flags=("BROADCAST", "MULTICAST"), operstate="DOWN"), 0)
+    assert links.problems(state, "10.77.0.1", 9000) == [links.ADMIN_DOWN]
+    assert links.needs_apply([state], ["10.77.0.1"], 9000)
 
 
 def test_unknown_operstate_with_carrier_counts_as_up():
@@ -72,3 +74,14 @@ def test_message_names_node_interface_and_peer():
 @pytest.mark.parametrize(("mtu", "payload"), [(9000, 8972), (1500, 1472)])
 def test_ping_payload_fills_the_mtu(mtu, payload):
     assert links.ping_payload(mtu) == payload
+
+
+def test_failed_ping_message_names_interface_peer_and_what_ping_said():
+    output = (
+        "PING 10.77.0.2 (10.77.0.2) from 10.77.0.1 ic0: 8972(9000) bytes of data.\n"
+        "ping: sendmsg: No buffer space available\n"
+    )
+    message = links.ping_problem("ic0", "node1", "node2", "10.77.0.2", 9000, 1, output)
+    assert message.startswith("fabric interface ic0 on node1: a don't-fragment ping of 9000 bytes to peer node2 ")
+    assert "(ping: sendmsg: No buffer space available)" in message
+    assert links.ping_problem("ic0", "node1", "node2", "10.77.0.2", 9000, 0, "") == ""

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 
 MISSING = "missing"
 DOWN = "down"
+ADMIN_DOWN = "admin-down"
 NO_ADDRESS = "no-address"
 WRONG_MTU = "wrong-mtu"
 
 # Problems netplan apply can fix; a link without carrier is a cable or peer matter.
-APPLY_FIXES = (MISSING, NO_ADDRESS, WRONG_MTU)
+APPLY_FIXES = (MISSING, ADMIN_DOWN, NO_ADDRESS, WRONG_MTU)
 
 ICMP_AND_IP_HEADER_BYTES = 28
 
@@ -61,7 +62,9 @@ def problems(state: LinkState, address: str, mtu: int) -> list[str]:
     if not state.exists:
         return [MISSING]
     found = []
-    if not state.up:
+    if "UP" not in state.flags:
+        found.append(ADMIN_DOWN)
+    elif not state.up:
         found.append(DOWN)
     if address not in state.ipv4:
         found.append(NO_ADDRESS)
@@ -89,6 +92,8 @@ def describe(state: LinkState, address: str, mtu: int, host: str, peer: str) -> 
                 f"{where} does not exist: check the netdev name with `ip link` or `twinspark fabric show` and set "
                 "spark_fabric_interfaces"
             )
+        elif code == ADMIN_DOWN:
+            messages.append(f"{where} is administratively down: something ran `ip link set {state.name} down`")
         elif code == DOWN:
             flags = ",".join(state.flags) or "none"
             messages.append(
@@ -112,3 +117,16 @@ def describe(state: LinkState, address: str, mtu: int, host: str, peer: str) -> 
 def ping_payload(mtu: int) -> int:
     """The ping payload that fills an IPv4 packet of exactly ``mtu`` bytes (20 IP + 8 ICMP header bytes)."""
     return mtu - ICMP_AND_IP_HEADER_BYTES
+
+
+def ping_problem(interface: str, host: str, peer: str, peer_address: str, mtu: int, rc: int, output: str) -> str:
+    """The message for a failed don't-fragment ping of the full MTU; empty when it passed (rc 0)."""
+    if rc == 0:
+        return ""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    said = lines[-1] if lines else "no output"
+    return (
+        f"fabric interface {interface} on {host}: a don't-fragment ping of {mtu} bytes to peer {peer} "
+        f"({peer_address}) failed ({said}). Both ends and everything between must carry MTU {mtu}: check "
+        f"spark_fabric_mtu and `ip link show` on {peer}"
+    )
