@@ -122,7 +122,7 @@ def _iface(**change):
     ("facts", "status", "words"),
     [
         (_iface(exists=False), FAILED, "ic0 does not exist"),
-        (_iface(operstate="DOWN"), FAILED, "ic0 is DOWN"),
+        (_iface(operstate="DOWN", up=False), FAILED, "ic0 is down (operstate DOWN)"),
         (_iface(addresses=["10.77.0.9"]), FAILED, "VLLM_HOST_IP 10.77.0.2 is not on ic0"),
         (_iface(mtu=1500), DEGRADED, "ic0 MTU 1500"),
         (dict(FABRIC_OK, gid={"error": "no member has a RoCE v2 GID"}), FAILED, "no usable RoCE v2 GID"),

