@@ -31,6 +31,7 @@ STAGE_PHASES = {
     "fabric": "packages",
     "runtime": "runtime",
     "model": "model",
+    "serve_env": "service ready",
     "serve": "service ready",
     "health": "service ready",
 }
