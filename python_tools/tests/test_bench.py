@@ -46,6 +46,15 @@ def test_prompts_differ_per_request_and_scale_with_the_size():
     assert len(bench.make_prompt(1024, 1).split()) > 3 * len(bench.make_prompt(256, 1).split())
 
 
+def test_prompt_size_is_fitted_to_the_servers_tokenizer():
+    def count(prompt: str) -> int:  # a tokenizer that splits every word in three, plus a 20-token template
+        return 20 + 3 * len(prompt.split())
+
+    fit = bench.fit_tokens(count)
+    words = fit.words_for(300)
+    assert abs(count(bench.make_prompt(words, 7)) - 300) <= 3
+
+
 def test_published_figures_are_shown_for_gb10_only():
     levels = [bench.summarise(c, [bench.RequestResult(True, 0.1, 1.1, 10, 11)], 1.1) for c in (1, 6)]
     gb10 = bench.table(levels, "gb10")
@@ -81,6 +90,14 @@ class StreamingApi(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            data = json.dumps({"count": 10 + 2 * len(body["messages"][0]["content"].split())}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         type(self).calls += 1
         type(self).bodies.append(body)
         if self.fail_every and self.calls % self.fail_every == 0:
@@ -130,6 +147,8 @@ def test_a_sweep_reports_every_level_as_json_with_progress_on_stderr(api, capsys
     assert StreamingApi.calls == 8
     assert all(b["stream"] and b["ignore_eos"] and b["max_tokens"] == 8 for b in StreamingApi.bodies)
     assert len({b["messages"][0]["content"] for b in StreamingApi.bodies}) == 8, "no two prompts share a prefix"
+    sizes = {10 + 2 * len(b["messages"][0]["content"].split()) for b in StreamingApi.bodies}
+    assert all(abs(size - 32) <= 2 for size in sizes), "prompts sized with the server's /tokenize"
 
 
 def test_failed_requests_are_counted_named_and_make_exit_1(api, capsys):

@@ -1,11 +1,11 @@
 """`twinspark bench`: a concurrency sweep of streaming chat completions against the pair's API.
 
 For each concurrency level c, c streams run at once, each sending `--requests-per-stream` requests one after the
-other. Every request has a prompt of about `--prompt-tokens` tokens (a unique first line per request, so the prefix
-cache cannot answer it) and asks for exactly `--max-tokens` tokens (ignore_eos). Reported per level: time to first
-token (TTFT), decode tokens/s per stream (tokens after the first over the time after the first) and aggregate
-tokens/s (every completion token over the level's wall time). With `--profile gb10` the recipe's published figures
-for the DGX Spark pair are shown beside the measured ones.
+other. Every request has a prompt of about `--prompt-tokens` tokens (sized with the server's /tokenize; a unique
+first line per request, so the prefix cache cannot answer it) and asks for exactly `--max-tokens` tokens
+(ignore_eos). Reported per level: time to first token (TTFT), decode tokens/s per stream (tokens after the first
+over the time after the first) and aggregate tokens/s (every completion token over the level's wall time). With
+`--profile gb10` the recipe's published figures for the DGX Spark pair are shown beside the measured ones.
 
 Exit codes: 0 every request completed; 1 some request failed or timed out; 2 invalid input.
 """
@@ -65,10 +65,40 @@ class LevelResult:
     errors: list[str]
 
 
-def make_prompt(tokens: int, request_id: int) -> str:
-    """About `tokens` tokens of plain words, with a first line unique to the request (defeats prefix caching)."""
-    body = " ".join(WORDS[(i * 7 + request_id) % len(WORDS)] for i in range(max(tokens - 12, 1)))
+def make_prompt(words: int, request_id: int) -> str:
+    """`words` plain words after a first line unique to the request (so the prefix cache cannot answer it)."""
+    body = " ".join(WORDS[(i * 7 + request_id) % len(WORDS)] for i in range(max(words, 1)))
     return f"Request {request_id}. Repeat the following words back, one per line.\n{body}"
+
+
+@dataclass(frozen=True)
+class TokenFit:
+    """Chat prompt tokens = overhead + per_word * words, measured with the server's own tokenizer."""
+
+    overhead: float = 12.0
+    per_word: float = 1.0
+
+    def words_for(self, tokens: int) -> int:
+        return max(round((tokens - self.overhead) / self.per_word), 1)
+
+
+def fit_tokens(count: Callable[[str], int]) -> TokenFit:
+    """Fit the prompt size from two token counts (`count` tokenizes one chat prompt)."""
+    small, large = count(make_prompt(8, 0)), count(make_prompt(64, 0))
+    per_word = max((large - small) / 56, 0.1)
+    return TokenFit(overhead=small - 8 * per_word, per_word=per_word)
+
+
+def server_token_count(session, url: str, model: str, headers: Mapping[str, str]) -> Callable[[str], int]:
+    """Count a chat prompt's tokens with vLLM's /tokenize (the chat template included)."""
+
+    def count(prompt: str) -> int:
+        response = session.post(f"{url}/tokenize", headers=dict(headers), timeout=10,
+                                json={"model": model, "messages": [{"role": "user", "content": prompt}]})
+        response.raise_for_status()
+        return int(response.json()["count"])
+
+    return count
 
 
 def parse_sse_line(line: str) -> dict | None:
@@ -314,13 +344,20 @@ def run(args: argparse.Namespace) -> int:
     serial = 0
     serial_lock = threading.Lock()
 
+    try:
+        fit = fit_tokens(server_token_count(session, url, model, headers))
+    except (requests.RequestException, ValueError, KeyError) as error:
+        _progress(f"cannot size prompts with {url}/tokenize ({type(error).__name__}); assuming one token per word")
+        fit = TokenFit()
+    words = fit.words_for(args.prompt_tokens)
+
     def send(_index: int) -> RequestResult:
         nonlocal serial
         with serial_lock:
             serial += 1
             request_id = serial
-        return stream_chat(session, url, model, make_prompt(args.prompt_tokens, request_id), args.max_tokens,
-                           headers, args.timeout)
+        return stream_chat(session, url, model, make_prompt(words, request_id), args.max_tokens, headers,
+                           args.timeout)
 
     _progress(f"benchmarking {model} at {url}: c={','.join(map(str, args.concurrency))}, "
               f"{args.prompt_tokens} prompt / {args.max_tokens} generated tokens")
