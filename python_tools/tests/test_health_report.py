@@ -28,6 +28,13 @@ def test_table_has_one_line_per_check_and_failing_lines_say_what_to_do():
     assert lines[-1] == "FAILED: 1 ok, 1 degraded, 1 failed (exit 2)"
 
 
+def test_quiet_table_leaves_out_what_is_ok_but_still_counts_it():
+    lines = report.table(RESULTS, quiet=True).splitlines()
+    assert not any(line.startswith("ok ") for line in lines)
+    assert lines[0].startswith("FAILED") and lines[2].startswith("DEGRADED")
+    assert lines[-1] == "FAILED: 1 ok, 1 degraded, 1 failed (exit 2)"
+
+
 def test_json_shape():
     data = json.loads(json.dumps(report.as_json(RESULTS, {"node1": {"rank": "0"}}, 1.23456, {"running": 6.0})))
     assert data["status"] == "failed" and data["exit_code"] == 2

@@ -38,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scope.add_argument("--pair", action="store_true", help="only the pair's API checks (liveness)")
     scope.add_argument("--no-pair", action="store_true", help="skip the pair's API checks")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print only what is not ok, and the summary line (the timer's journal)")
     parser.add_argument("--prom-file", type=Path, metavar="PATH",
                         help="also write a node_exporter textfile (e.g. /var/lib/twinspark/metrics/twinspark.prom)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
@@ -166,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_json(results, nodes, elapsed, metrics), indent=2, sort_keys=False))
     else:
-        print(report.table(results))
+        print(report.table(results, quiet=getattr(args, "quiet", False)))
     if args.prom_file:
         report.write_prom_file(args.prom_file, results, elapsed, metrics)
     return checks.exit_code(checks.overall(results))

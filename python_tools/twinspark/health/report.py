@@ -11,12 +11,16 @@ from twinspark.health.checks import FAILED, OK, STATUS_ORDER, CheckResult, exit_
 MARKS = {OK: "ok", "degraded": "DEGRADED", FAILED: "FAILED"}
 
 
-def table(results: Sequence[CheckResult]) -> str:
-    """One line per check; failing and degraded lines carry what to do on a second, indented line."""
+def table(results: Sequence[CheckResult], quiet: bool = False) -> str:
+    """One line per check; failing and degraded lines carry what to do on a second, indented line.
+
+    `quiet` leaves out the passing checks (the summary line still counts them)."""
     node_width = max((len(r.node) for r in results), default=4)
     check_width = max((len(r.check) for r in results), default=5)
     lines = []
     for r in results:
+        if quiet and r.status == OK:
+            continue
         lines.append(f"{MARKS[r.status]:<8}  {r.node:<{node_width}}  {r.check:<{check_width}}  {r.message}")
         if r.status != OK and r.fix:
             lines.append(f"{'':<8}  {'':<{node_width}}  {'':<{check_width}}  -> {r.fix}")
