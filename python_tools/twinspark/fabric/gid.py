@@ -161,7 +161,7 @@ def usable_indexes(port: PortInfo, match_ip: str | None, addresses: Mapping[str,
 
 def _format_skipped(skipped: Sequence[Skipped]) -> str:
     if not skipped:
-        return "no other ports"
+        return "none"
     return ", ".join(f"{s.label} ({s.reason})" for s in skipped)
 
 
@@ -174,12 +174,14 @@ def choose_index(
     selection: Selection,
     match_ip: str | None,
     addresses: Mapping[str, Sequence[str]],
+    where: str = "",
 ) -> Resolution:
-    """Rules 3-5 over the selected members; raises GidResolutionError (1 or 3)."""
+    """Rules 3-5 over the selected members; raises GidResolutionError (1 or 3). ``where`` names the sysfs root."""
     shown_selector = f"NCCL_IB_HCA={selector_text!r}"
     if not selection.members:
+        under = f" under {where}" if where else ""
         raise GidResolutionError(
-            f"{shown_selector} selects no ACTIVE Ethernet/InfiniBand port; skipped: "
+            f"{shown_selector} selects no ACTIVE Ethernet/InfiniBand port{under}; skipped: "
             f"{_format_skipped(selection.skipped)}. Fix the selector or bring the fabric link up.",
             EXIT_NOT_SELECTED,
         )
@@ -226,12 +228,7 @@ def resolve(
     selection = select_members(selector, sysfs.read_ports(sysfs_root))
     netdevs = sorted({g.ndev for m in selection.members for g in m.gids if g.ndev and g.type == ROCE_V2})
     addresses = {netdev: list(lookup(netdev)) for netdev in netdevs}
-    try:
-        return choose_index(selector, selection, parsed_ip, addresses)
-    except GidResolutionError as error:
-        if not selection.members:
-            raise GidResolutionError(f"{error} (sysfs root {sysfs_root})", error.exit_code) from None
-        raise
+    return choose_index(selector, selection, parsed_ip, addresses, where=str(sysfs_root))
 
 
 def resolve_gid_index(selector: str, match_ip: str, sysfs_root: pathlib.Path) -> tuple[int, list[str]]:
