@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import socket
+import threading
 
 import pytest
 
@@ -100,3 +102,35 @@ def test_the_merged_report_names_an_unreachable_worker_and_a_differing_setting(t
     results, _, _ = command.controller_sweep(args)
     agree = next(r for r in results if r.check == "settings-agree")
     assert agree.status == "failed" and "MAX_MODEL_LEN: node1=512, node2=256" in agree.message
+
+
+@pytest.fixture
+def closing_port():
+    """A loopback port that accepts and hangs up at once: a stand-in for a node whose sshd does not answer."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            connection.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def test_a_node_whose_ssh_does_not_answer_is_one_line_naming_it_with_no_traceback(closing_port, capfd):
+    def node(name: str, role: str) -> remote.Node:
+        return remote.Node(name, role, "127.0.0.1", closing_port, "root", None, True)
+
+    pair = remote.Pair(head=node("node1", "head"), worker=node("node2", "worker"), api_url="http://127.0.0.1:9")
+    outcome = remote.sweep(pair, timeout=2)
+    assert set(outcome.errors) == {"node1", "node2"}
+    assert outcome.errors["node2"].startswith(f"cannot reach root@127.0.0.1:{closing_port} over SSH: SSHException")
+    assert outcome.pair["health"]["error"], "the API was still probed"
+    assert "Traceback" not in capfd.readouterr().err

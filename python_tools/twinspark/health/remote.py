@@ -8,6 +8,7 @@ merges everything into one report.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import threading
 from collections.abc import Callable, Mapping
@@ -111,6 +112,11 @@ class Connection:
 
     def __init__(self, node: Node, timeout: float) -> None:
         import paramiko
+
+        # paramiko's transport thread logs connection failures with tracebacks; the failure reaches the report
+        # through the exception instead, in one line naming the node.
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
 
         self.node = node
         self.timeout = timeout
