@@ -304,3 +304,16 @@ def test_nothing_listening_fails_every_pair_check_without_raising():
     results = checks.pair_checks(url, pair, "tiny", 512, 2)
     assert [r.status for r in results[:3]] == [FAILED] * 3
     assert "refused" in results[0].message.lower()
+
+
+def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path):
+    paths = write_env(tmp_path, CPU_HEAD, "VLLM_API_KEY=first-key\n")
+    env_facts, env = gather.read_env(paths)
+    run = recorded_run({"systemctl show": (FIXTURES / "recorded_systemctl_show_sim_not_installed.txt").read_text(),
+                        "ip -j": (FIXTURES / "recorded_ip_addr_sim_node1_unconfigured.json").read_text()})
+    facts = gather.gather_node(env_facts, env, run=run, state_dir=tmp_path)
+    assert facts["profile"] == "cpu" and facts["gpu"] is None and facts["rank"] == "0"
+    statuses = {r.check: r.status for r in checks.node_checks("node1", facts)}
+    assert statuses == {"unit": FAILED, "process": FAILED, "fabric": FAILED, "env": OK, "model": FAILED,
+                        "disk": statuses["disk"], "earlyoom": OK}
+    assert "first-key" not in json.dumps(facts, default=str)
