@@ -163,7 +163,7 @@ start_node() {
   for cg in $(node_cgroup_roots "$n"); do mkdir -p "$cg"; done
   setsid "$SIM_SCRIPTS/lib/node-launcher" "$n" "$SIM_DIR" \
     -q --boot --directory="$root" --machine="$n" --register=no --keep-unit \
-    --network-namespace-path="/run/netns/$n" --console=passive --resolv-conf=off --link-journal=no \
+    --console=passive --resolv-conf=off --link-journal=no \
     --timezone=off --capability=CAP_NET_ADMIN --bind-ro="$SIM_DIR/wheelhouse:/opt/wheelhouse" \
     </dev/null >>"$SIM_DIR/logs/$n.console.log" 2>&1 9>&- &
 }

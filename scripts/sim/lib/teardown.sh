@@ -45,6 +45,7 @@ remove_node_traces() {
     [ -d "$root" ] && log "$n: could not remove cgroup $root"
   done
   rm -rf "/run/systemd/nspawn/propagate/$n" "/run/systemd/nspawn/unix-export/$n"
+  rmdir "$SIM_DIR/run/$n.cgroupfs" 2>/dev/null || true
   # Delete veths before the namespace: netns deletion frees them asynchronously, and a rebuild right after would
   # find the old names ("File exists").
   ip link del "$(host_veth "$n")" 2>/dev/null || true
