@@ -53,6 +53,7 @@ def test_a_run_counts_per_host_keeps_its_events_and_draws_a_compact_view(project
     events = [json.loads(p.read_text()) for p in (run_dir / "job_events").glob("*.json")]
     assert {"playbook_on_play_start", "runner_on_ok", "playbook_on_stats"} <= {e["event"] for e in events}
     assert (run_dir / "rc").read_text().strip() == "0"
+    assert "\x1b[" not in (run_dir / "stdout").read_text(), "the kept log reads as plain text"
     assert stream.getvalue().splitlines() == ["play: Tiny play", "done: localhost: ok=2 changed=1"]
 
 
@@ -90,3 +91,16 @@ def test_deploy_runs_site_yml_from_the_checkout_and_exits_with_its_status(projec
 def test_a_missing_playbook_is_named(project, capsys):
     assert cli.main(["start", "-i", str(project / "inventory.ini")]) == 2
     assert "playbooks/start.yml does not exist" in capsys.readouterr().err
+
+
+def test_a_failing_loop_names_the_failing_item_not_all_items_completed():
+    stream = io.StringIO()
+    view = frontdoor.LiveView(stream=stream, redraw=False)
+    view.on_event({"event": "playbook_on_play_start", "event_data": {"play": "Show the state of the pair"}})
+    res = {"msg": "All items completed", "results": [
+        {"item": "node1", "changed": False},
+        {"item": "node2", "unreachable": True, "msg": "ssh: connect to host 10.78.0.2 port 22: Connection refused"}]}
+    view.on_event({"event": "runner_on_unreachable", "event_data": {"host": "node1", "task": "Read the units",
+                                                                    "res": res}})
+    assert ("UNREACHABLE: node1: [Show the state of the pair] Read the units: item node2: ssh: connect to host "
+            "10.78.0.2 port 22: Connection refused") in stream.getvalue()

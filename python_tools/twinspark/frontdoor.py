@@ -109,7 +109,7 @@ class LiveView:
                 self._count(host, "ok")
             else:
                 self._count(host, "failed" if kind == "runner_on_failed" else "unreachable")
-                message = str((data.get("res") or {}).get("msg") or "").strip().splitlines()
+                message = failure_message(data.get("res") or {}).strip().splitlines()
                 line = f"{'FAILED' if kind == 'runner_on_failed' else 'UNREACHABLE'}: {host}: [{self.play}] " \
                        f"{data.get('task', self.task)}: {message[0] if message else ''}"
                 self.failures.append(line)
@@ -124,6 +124,15 @@ class LiveView:
         counts = ", ".join(f"{host}: {count.text()}" for host, count in sorted(self.hosts.items()))
         self.stream.write(f"done: {counts or 'no host ran a task'}\n")
         self.stream.flush()
+
+
+def failure_message(res: Mapping) -> str:
+    """What went wrong, from a task result; for a loop, the first failing item's message (the task's own message is
+    only "All items completed")."""
+    for item in res.get("results") or []:
+        if isinstance(item, Mapping) and (item.get("failed") or item.get("unreachable")):
+            return f"item {item.get('item')}: {item.get('msg') or ''}"
+    return str(res.get("msg") or "")
 
 
 def project_root() -> Path:
@@ -147,7 +156,7 @@ def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView
     private = artifacts / ident
     private.mkdir(parents=True, exist_ok=True)
     bin_dir = str(Path(sys.executable).parent)
-    envvars = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "ANSIBLE_FORCE_COLOR": "0"}
+    envvars = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "ANSIBLE_NOCOLOR": "1"}
     if (project / "ansible.cfg").is_file():
         envvars["ANSIBLE_CONFIG"] = str(project / "ansible.cfg")
     runner = ansible_runner.run(
