@@ -167,8 +167,8 @@ def test_model_present_with_every_shard():
     ("facts", "words"),
     [
         ({"model": "org/m", "revision": "abc", "path": None}, "org/m@abc is not on this node"),
-        ({"model": "org/m", "path": "/p", "missing": ["model-00002-of-00002.safetensors"]},
-         "1 shard(s) missing: model-00002-of-00002.safetensors"),
+        ({"model": "org/m", "path": "/p", "missing": ["model-00002-of-00002.safetensors (missing)"]},
+         "1 file(s) missing or damaged: model-00002-of-00002.safetensors (missing)"),
         ({"model": "", "error": "MODEL is not set in the env file"}, "MODEL is not set"),
     ],
 )

@@ -137,6 +137,12 @@ def test_missing_env_file_is_named(tmp_path):
     assert facts["files"][str(tmp_path / "serve.env")] == "missing"
 
 
+def safetensors_bytes(data: int = 16) -> bytes:
+    """A well-formed safetensors file holding one float32 tensor of data/4 elements."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [data // 4], "data_offsets": [0, data]}}).encode()
+    return len(header).to_bytes(8, "little") + header + bytes(data)
+
+
 def make_snapshot(hub: Path, repo: str, commit: str, shards: list[str], present: list[str]) -> Path:
     storage = hub / ("models--" + repo.replace("/", "--"))
     snapshot = storage / "snapshots" / commit
@@ -147,7 +153,7 @@ def make_snapshot(hub: Path, repo: str, commit: str, shards: list[str], present:
     (snapshot / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         f"layer{i}": shard for i, shard in enumerate(shards)}}))
     for shard in present:
-        (snapshot / shard).write_bytes(b"x")
+        (snapshot / shard).write_bytes(safetensors_bytes())
     return snapshot
 
 
@@ -156,8 +162,17 @@ def test_model_in_the_hf_cache_with_a_missing_shard(tmp_path):
     make_snapshot(tmp_path / "hub", "org/m", "a" * 40, shards, shards[:1])
     facts = gather.read_model({"MODEL": "org/m", "MODEL_REVISION": "", "HF_HOME": str(tmp_path)})
     assert facts["snapshot"] == "a" * 40 and facts["shards"] == 2
-    assert facts["missing"] == shards[1:]
+    assert facts["missing"] == [f"{shards[1]} (missing)"]
     assert checks.check_model("n", facts).status == FAILED
+
+
+def test_a_truncated_shard_fails_the_model_check(tmp_path):
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    snapshot = make_snapshot(tmp_path / "hub", "org/m", "a" * 40, shards, shards)
+    (snapshot / shards[1]).write_bytes(safetensors_bytes()[:-4])
+    facts = gather.read_model({"MODEL": "org/m", "MODEL_REVISION": "", "HF_HOME": str(tmp_path)})
+    result = checks.check_model("n", facts)
+    assert result.status == FAILED and f"{shards[1]} (short)" in result.message
 
 
 def test_model_pinned_to_a_revision_that_is_not_cached(tmp_path):
@@ -169,7 +184,7 @@ def test_model_pinned_to_a_revision_that_is_not_cached(tmp_path):
 
 def test_model_given_as_a_local_directory(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "model.safetensors").write_bytes(safetensors_bytes())
     facts = gather.read_model({"MODEL": str(tmp_path)})
     assert checks.check_model("n", facts).status == OK and facts["shards"] == 1
 

@@ -265,7 +265,8 @@ def check_model(node: str, model: Mapping[str, object]) -> CheckResult:
     missing = list(model.get("missing") or [])
     if missing:
         more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
-        return failed(node, "model", f"{name}: {len(missing)} shard(s) missing: {', '.join(missing[:5])}{more}",
+        listed = ", ".join(missing[:5])
+        return failed(node, "model", f"{name}: {len(missing)} file(s) missing or damaged: {listed}{more}",
                       "complete the copy: ansible-playbook site.yml (role model_cache)")
     shards = model.get("shards")
     counted = f", {shards} shard(s)" if shards else ""

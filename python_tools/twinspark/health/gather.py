@@ -9,7 +9,6 @@ output; the defaults are the real thing.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -221,49 +220,36 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
 
 
 def read_model(env: Mapping[str, str]) -> dict[str, object]:
-    """Where the configured model is on this node and whether every shard its index names is there."""
+    """Where the configured model is on this node and what `twinspark model verify` finds wrong with it: the same
+    rules as the model role (every shard at full size, and every file of the manifest when there is one)."""
+    from twinspark import model as checkpoint
+
     model = env.get("MODEL", "")
     revision = env.get("MODEL_REVISION", "")
     facts: dict[str, object] = {"model": model, "revision": revision, "path": None, "missing": [], "shards": 0}
     if not model:
         facts["error"] = "MODEL is not set in the env file"
         return facts
-    path = Path(model)
+    path: Path | None = Path(model)
     if not path.is_absolute():
         hf_home = Path(env.get("HF_HOME") or STATE_DIR / "hf")
-        path = resolve_hf_snapshot(hf_home / "hub", model, revision)
+        commit = checkpoint.resolve_offline(hf_home, model, revision or None)
+        path = checkpoint.snapshot_dir(hf_home, model, commit) if commit else None
     if path is None or not (path / "config.json").is_file():
         return facts
     facts["path"] = str(path)
     facts["snapshot"] = path.name if not Path(model).is_absolute() else revision
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
+    manifest = None
+    if (path / checkpoint.MANIFEST_NAME).is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as error:
-            facts["error"] = f"unreadable {index.name}: {error}"
+            manifest = checkpoint.load_manifest(path / checkpoint.MANIFEST_NAME)
+        except checkpoint.ModelInputError as error:
+            facts["error"] = str(error)
             return facts
-        facts["shards"] = len(shards)
-        facts["missing"] = [s for s in shards if not (path / s).is_file()]
-    else:
-        facts["shards"] = len(list(path.glob("*.safetensors")))
+    report = checkpoint.verify_model_dir(path, manifest)
+    facts["shards"] = report.shards
+    facts["missing"] = [f"{problem.name} ({problem.kind})" for problem in report.problems]
     return facts
-
-
-def resolve_hf_snapshot(hub: Path, model: str, revision: str) -> Path | None:
-    """The snapshot directory of model@revision in a Hugging Face cache (offline; refs/<name> for branch names)."""
-    repo = hub / ("models--" + model.replace("/", "--"))
-    ref = revision or "main"
-    snapshot = repo / "snapshots" / ref
-    if snapshot.is_dir():
-        return snapshot
-    ref_file = repo / "refs" / ref
-    try:
-        commit = ref_file.read_text().strip()
-    except OSError:
-        return None
-    snapshot = repo / "snapshots" / commit
-    return snapshot if snapshot.is_dir() else None
 
 
 def read_disk(path: Path = STATE_DIR) -> dict[str, object]:
