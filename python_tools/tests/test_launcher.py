@@ -32,8 +32,15 @@ def dry_run(capsys, *files: Path, extra_args: tuple[str, ...] = ("--skip-gid",))
     return json.loads(captured.out)
 
 
-def gb10_expected(rank: int, master: str = "192.0.2.1") -> list[str]:
-    """RECIPE.md's fixed flag list plus the knobs at their defaults, flag by flag."""
+FLAVOUR_ARGS = {
+    "stock": ["--kv-cache-dtype", "fp8_ds_mla"],
+    "fork": ["--kv-cache-dtype", "nvfp4_ds_mla", "--moe-backend", "flashinfer_b12x"],
+}
+
+
+def gb10_expected(rank: int, master: str = "192.0.2.1", flavour: str = "stock") -> list[str]:
+    """The recipe's fixed flag list plus the knobs at their defaults, flag by flag; the runtime flavour's own
+    flags (KV-cache dtype, MoE backend) come after the profile's."""
     return [
         "serve", "deepseek-ai/DeepSeek-V4-Flash-0731",
         "--tensor-parallel-size", "2",
@@ -53,13 +60,11 @@ def gb10_expected(rank: int, master: str = "192.0.2.1") -> list[str]:
         "--revision", PINNED,
         "--served-model-name", "deepseek-v4-flash-0731",
         *(["--headless"] if rank == 1 else []),
-        "--kv-cache-dtype", "nvfp4_ds_mla",
         "--block-size", "256",
         "--enable-prefix-caching",
         "--enable-chunked-prefill",
         "--async-scheduling",
         "--enable-prompt-tokens-details",
-        "--moe-backend", "flashinfer_b12x",
         "--tokenizer-mode", "deepseek_v4",
         "--tool-call-parser", "deepseek_v4",
         "--reasoning-parser", "deepseek_v4",
@@ -67,6 +72,7 @@ def gb10_expected(rank: int, master: str = "192.0.2.1") -> list[str]:
         "--reasoning-config", REASONING_CONFIG,
         "--generation-config", "vllm",
         "--enable-flashinfer-autotune",
+        *FLAVOUR_ARGS[flavour],
         "--max-cudagraph-capture-size", "36",
         "--speculative-config", '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}',
         "--default-chat-template-kwargs", '{"thinking":true,"reasoning_effort":"low"}',
@@ -81,13 +87,48 @@ def test_gb10_default_argv_is_the_recipe_flag_list(tmp_path, capsys, rank):
     assert "--max-num-partial-prefills" not in shown["argv"]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gb10_fork_flavour_takes_the_recipe_fork_flags_and_knobs(tmp_path, capsys, rank):
+    shown = dry_run(capsys, write_defaults(tmp_path, "gb10", rank, "TWINSPARK_RUNTIME_FLAVOUR=fork\n"))
+    assert shown["argv"][3:] == gb10_expected(rank, flavour="fork")
+    assert shown["env"]["VLLM_USE_B12X_MOE"] == "1"
+    assert shown["env"]["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "4096"
+    assert shown["env"]["DSPARK_MAX_INFLIGHT_PREFILLS"] == "2"
+
+
+def test_gb10_stock_flavour_hands_vllm_no_fork_only_variable(tmp_path, capsys):
+    shown = dry_run(capsys, write_defaults(tmp_path, "gb10", 0))
+    for name in ("VLLM_USE_B12X_MOE", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "DSPARK_MAX_INFLIGHT_PREFILLS"):
+        assert name not in shown["env"], name
+
+
+@pytest.mark.parametrize("line, variable", [
+    ("VLLM_USE_B12X_MOE=1", "VLLM_USE_B12X_MOE"),
+    ("VLLM_PREFIX_CACHE_RETENTION_INTERVAL=4096", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"),
+    ("DSPARK_MAX_INFLIGHT_PREFILLS=2", "DSPARK_MAX_INFLIGHT_PREFILLS"),
+])
+def test_fork_only_variable_under_stock_is_an_error_naming_it(tmp_path, capsys, line, variable):
+    path = write_defaults(tmp_path, "gb10", 0, line + "\n")
+    code = cli.main(["serve", "--dry-run", "--skip-gid", "--env", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{variable}: is read only by the fork runtime" in err
+    assert "TWINSPARK_RUNTIME_FLAVOUR=fork" in err
+
+
+def test_fork_flavour_on_the_cpu_profile_is_an_error(tmp_path, capsys):
+    path = write_defaults(tmp_path, "cpu", 0, "TWINSPARK_RUNTIME_FLAVOUR=fork\n")
+    assert cli.main(["serve", "--dry-run", "--skip-gid", "--env", str(path)]) == 2
+    assert "TWINSPARK_RUNTIME_FLAVOUR: fork is for the gb10 profile only" in capsys.readouterr().err
+
+
 def test_gb10_fixed_environment(tmp_path, capsys):
     env = dry_run(capsys, write_defaults(tmp_path, "gb10", 0))["env"]
     expected = {
         "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
         "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
         "NCCL_NVLS_ENABLE": "0", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800", "CUTE_DSL_ARCH": "sm_121a",
-        "TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1a", "VLLM_USE_B12X_MOE": "1",
+        "TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1a",
         "VLLM_USE_FLASHINFER_SAMPLER": "1", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "VLLM_HOST_IP": "192.0.2.1", "NCCL_IB_HCA": "=rocep1s0f0,roceP2p1s0f0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",

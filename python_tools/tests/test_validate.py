@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twinspark import cli, nodeenv, validate
+from twinspark import cli, nodeenv, settings, validate
 
 SECRET = "sk-test-Zq81-very-secret"
 
@@ -90,7 +90,11 @@ def test_defaults_validate_cleanly(tmp_path, capsys, profile, rank):
     ],
 )
 def test_bad_value_is_rejected_with_its_rule(tmp_path, capsys, var, value, expected):
-    code, lines = check_with(tmp_path, capsys, **{var: value})
+    changes = {var: value}
+    knob = settings.load().get(var)
+    if knob is not None and knob.flavours == ("fork",):
+        changes["TWINSPARK_RUNTIME_FLAVOUR"] = "fork"  # fork-only knobs are checked where they are read
+    code, lines = check_with(tmp_path, capsys, **changes)
     assert code == 2
     assert any(line.startswith(expected) for line in lines), lines
 
@@ -175,7 +179,7 @@ def test_port_leading_zeros_are_normalised(written, normalised):
 
 def test_empty_values_fall_back_to_defaults():
     values = head_env()
-    values.update(DRAFT_SAMPLE_METHOD="", DSPARK_MAX_INFLIGHT_PREFILLS=" ")
+    values.update(DRAFT_SAMPLE_METHOD="", DSPARK_MAX_INFLIGHT_PREFILLS=" ", TWINSPARK_RUNTIME_FLAVOUR="fork")
     result = validate.validate(values)
     assert result.ok
     assert result.values["DRAFT_SAMPLE_METHOD"] == "probabilistic"

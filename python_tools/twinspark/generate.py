@@ -109,6 +109,8 @@ def config_markdown(registry: Registry) -> str:
                 _how_passed(knob),
                 f"file: {knob.file}.env",
             ]
+            if knob.flavours != settings.FLAVOURS:
+                facts.append(f"{'/'.join(knob.flavours)} runtime only (an error under the others)")
             if knob.per_node:
                 facts.append("may differ per node")
             if knob.secret:
@@ -141,7 +143,32 @@ def config_markdown(registry: Registry) -> str:
             lines += ["Flags:", "", "```", _shell_words(profile.fixed_args), "```", ""]
         if profile.fixed_env:
             lines += ["Environment:", ""] + [f"- `{k}={v}`" for k, v in profile.fixed_env.items()]
+    lines += _flavour_section(registry)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _flavour_section(registry: Registry) -> list[str]:
+    if not registry.flavours:
+        return []
+    lines = [
+        "",
+        "## Fixed per runtime flavour",
+        "",
+        "`TWINSPARK_RUNTIME_FLAVOUR` adds these after the profile's own flags and variables. Under `stock` every",
+        "flag is checked against vLLM 0.33.0's own code by `make test` (python_tools/tests/test_vllm_parser.py) and,",
+        "on a node, by `twinspark runtime check`. File:line references are to the vllm 0.33.0 wheel.",
+    ]
+    for name, flavour in registry.flavours.items():
+        lines += ["", f"### {name}", "", flavour.doc, ""]
+        for profile in settings.PROFILES:
+            args, env = flavour.fixed_args.get(profile, ()), flavour.fixed_env.get(profile, {})
+            if args:
+                lines += [f"{profile} flags:", "", "```", _shell_words(args), "```", ""]
+            if env:
+                lines += [f"{profile} environment:", ""] + [f"- `{k}={v}`" for k, v in env.items()] + [""]
+        if flavour.evidence:
+            lines += ["Why:", ""] + [f"- `{what}`: {why}" for what, why in flavour.evidence.items()]
+    return lines
 
 
 def _shell_words(words: tuple[str, ...]) -> str:

@@ -96,7 +96,9 @@ def build_command(
             argv += [knob.arg, value]
     if values.get("NODE_RANK") == "1":
         argv.append("--headless")
+    flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
     argv += registry.profiles[profile].fixed_args
+    argv += registry.flavour_args(profile, flavour)
     if "MTP_NUM_TOKENS" in values:
         mtp = int(values["MTP_NUM_TOKENS"])
         if "MAX_NUM_SEQS" in values:
@@ -116,7 +118,7 @@ def build_command(
         value = values.get(knob.env)
         if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
-    env.update(registry.fixed_env(profile))
+    env.update(registry.fixed_env(profile, flavour))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)
     return Command(argv=argv, env=env, unset=unset, secret_args=secret_args)
 

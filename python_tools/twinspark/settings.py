@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 PROFILES = ("gb10", "cpu")
+FLAVOURS = ("stock", "fork")
+"""Serving runtimes: stock = vLLM from PyPI at the pinned version plus patches/; fork = an operator-built wheelhouse."""
 CONCERNS = ("cluster", "fabric", "serving", "model", "security")
 TYPES = (
     "str", "int", "float", "bool", "choice", "port", "ipv4", "ip", "path", "model", "revision", "ifname", "hca",
@@ -25,7 +27,7 @@ EMPTY_MEANINGS = ("default", "absent", "keep")
 KNOWN_FIELDS = {
     "env", "var", "type", "default", "default_from", "choices", "min", "max", "min_exclusive", "multiple_of",
     "allow_auto", "empty", "profiles", "required", "derived", "per_node", "secret", "concern", "file", "passes",
-    "arg", "doc", "single",
+    "arg", "doc", "single", "flavours",
 }
 
 
@@ -58,9 +60,14 @@ class Knob:
     secret: bool = False
     single: bool = False
     arg: str | None = None
+    flavours: tuple[str, ...] = FLAVOURS
+    """The runtime flavours that read the knob; under another flavour setting it is an error."""
 
     def applies_to(self, profile: str) -> bool:
         return profile in self.profiles
+
+    def read_by(self, flavour: str) -> bool:
+        return flavour in self.flavours
 
     def default_for(self, profile: str, rank: int | None = None) -> str | None:
         """The default as env-file text under `profile` (and `rank`), or None when the default is "absent"."""
@@ -117,11 +124,26 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Flavour:
+    """What one runtime flavour adds to a profile's fixed flags and environment."""
+
+    name: str
+    doc: str
+    fixed_args: dict[str, tuple[str, ...]]
+    """profile -> flags"""
+    fixed_env: dict[str, dict[str, str]]
+    """profile -> variables"""
+    evidence: dict[str, str] = field(default_factory=dict)
+    """flag or variable -> why (the runtime's file and line), for docs/CONFIG.md"""
+
+
+@dataclass(frozen=True)
 class Registry:
     knobs: tuple[Knob, ...]
     profiles: dict[str, Profile]
     common_args: tuple[str, ...]
     common_env: dict[str, str]
+    flavours: dict[str, Flavour] = field(default_factory=dict)
     _by_env: dict[str, Knob] = field(default_factory=dict, repr=False)
     _by_var: dict[str, Knob] = field(default_factory=dict, repr=False)
 
@@ -138,16 +160,25 @@ class Registry:
     def __getitem__(self, env: str) -> Knob:
         return self._by_env[env]
 
-    def fixed_args(self, profile: str) -> tuple[str, ...]:
-        return self.common_args + self.profiles[profile].fixed_args
+    def flavour_args(self, profile: str, flavour: str = "stock") -> tuple[str, ...]:
+        """The flags `flavour` adds under `profile` (after the profile's own)."""
+        spec = self.flavours.get(flavour)
+        return spec.fixed_args.get(profile, ()) if spec else ()
 
-    def fixed_env(self, profile: str) -> dict[str, str]:
-        return {**self.common_env, **self.profiles[profile].fixed_env}
+    def fixed_args(self, profile: str, flavour: str = "stock") -> tuple[str, ...]:
+        return self.common_args + self.profiles[profile].fixed_args + self.flavour_args(profile, flavour)
 
-    def defaults(self, profile: str, rank: int | None = None) -> dict[str, str]:
-        """Every knob's default under `profile`/`rank` (absent ones left out), in registry order."""
+    def fixed_env(self, profile: str, flavour: str = "stock") -> dict[str, str]:
+        spec = self.flavours.get(flavour)
+        extra = spec.fixed_env.get(profile, {}) if spec else {}
+        return {**self.common_env, **self.profiles[profile].fixed_env, **extra}
+
+    def defaults(self, profile: str, rank: int | None = None, flavour: str = "stock") -> dict[str, str]:
+        """Every knob's default under `profile`/`rank`/`flavour` (absent ones left out), in registry order."""
         out: dict[str, str] = {}
         for knob in self.knobs:
+            if not knob.read_by(flavour):
+                continue
             value = knob.default_for(profile, rank)
             if value is None and knob.default_from and knob.applies_to(profile):
                 value = out.get(knob.default_from)
@@ -205,6 +236,7 @@ def parse_registry(data: dict[str, Any]) -> Registry:
             secret=bool(entry.get("secret", False)),
             single=bool(entry.get("single", False)),
             arg=entry.get("arg"),
+            flavours=_tuple(entry.get("flavours", FLAVOURS)),
         )
         _check_knob(knob)
         knobs.append(knob)
@@ -223,11 +255,25 @@ def parse_registry(data: dict[str, Any]) -> Registry:
     if tuple(profiles) != PROFILES:
         raise RegistryError(f"profiles must be exactly {PROFILES}")
     common = data.get("common") or {}
+    flavours = {}
+    for name, spec in (data.get("flavours") or {}).items():
+        per_profile = {p: spec.get(p) or {} for p in PROFILES}
+        flavours[name] = Flavour(
+            name=name,
+            doc=" ".join(str(spec.get("doc", "")).split()),
+            fixed_args={p: _tuple(s.get("fixed_args")) for p, s in per_profile.items()},
+            fixed_env={p: {str(k): to_env_text(v) for k, v in (s.get("fixed_env") or {}).items()}
+                       for p, s in per_profile.items()},
+            evidence={str(k): " ".join(str(v).split()) for k, v in (spec.get("evidence") or {}).items()},
+        )
+    if flavours and tuple(flavours) != FLAVOURS:
+        raise RegistryError(f"flavours must be exactly {FLAVOURS}")
     return Registry(
         knobs=tuple(knobs),
         profiles=profiles,
         common_args=_tuple(common.get("fixed_args")),
         common_env={str(k): to_env_text(v) for k, v in (common.get("fixed_env") or {}).items()},
+        flavours=flavours,
     )
 
 
@@ -239,6 +285,7 @@ def _check_knob(knob: Knob) -> None:
         (knob.passes in PASSES, f"passes {knob.passes!r}"),
         (knob.empty in EMPTY_MEANINGS, f"empty {knob.empty!r}"),
         (set(knob.profiles) <= set(PROFILES), f"profiles {knob.profiles!r}"),
+        (bool(knob.flavours) and set(knob.flavours) <= set(FLAVOURS), f"flavours {knob.flavours!r}"),
         (knob.var.startswith("twinspark_"), f"var {knob.var!r} lacks the twinspark_ prefix"),
         (knob.passes != "arg" or bool(knob.arg), "passes: arg without an arg"),
         (knob.type != "choice" or bool(knob.choices), "choice without choices"),

@@ -240,6 +240,10 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
                                 profile_knob.allowed()))
         profile = "gb10"
     result = Result(profile=profile)
+    flavour_knob = registry.get("TWINSPARK_RUNTIME_FLAVOUR")
+    flavour = raw.get("TWINSPARK_RUNTIME_FLAVOUR", "").strip() or "stock"
+    if flavour not in settings.FLAVOURS:
+        flavour = "stock"  # the knob's own check below reports the bad value
     rank_text = raw.get("NODE_RANK", "").strip()
     rank = int(rank_text) if rank_text in ("0", "1") else None
 
@@ -250,6 +254,14 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
                 problems.append(Problem(
                     knob.env,
                     f"applies only to the {'/'.join(knob.profiles)} profile, not {profile}; remove it",
+                ))
+            continue
+        if not knob.read_by(flavour):
+            if text is not None and not _is_blank(knob, text):
+                problems.append(Problem(
+                    knob.env,
+                    f"is read only by the {'/'.join(knob.flavours)} runtime; the {flavour} runtime never reads it. "
+                    f"Remove it, or set TWINSPARK_RUNTIME_FLAVOUR={knob.flavours[0]}",
                 ))
             continue
         value: str | None
@@ -275,21 +287,28 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
 
     for name, text in raw.items():
         if registry.get(name) is None:
-            problem = _unknown_variable(name, profile, registry)
+            problem = _unknown_variable(name, profile, registry, flavour)
             if problem:
                 problems.append(problem)
             else:
                 result.others[name] = text
 
     problems.extend(_cross_checks(result.values, profile))
+    if flavour_knob is not None and flavour != "stock" and profile != "gb10":
+        problems.append(Problem("TWINSPARK_RUNTIME_FLAVOUR", f"{flavour} is for the gb10 profile only (the {profile} "
+                                                             "profile runs its own wheelhouse); set it to stock"))
     result.problems = problems
     return result
 
 
-def _unknown_variable(name: str, profile: str, registry: Registry) -> Problem | None:
-    fixed = registry.fixed_env(profile)
+def _unknown_variable(name: str, profile: str, registry: Registry, flavour: str = "stock") -> Problem | None:
+    fixed = registry.fixed_env(profile, flavour)
     if name in fixed:
         return Problem(name, f"is fixed by the {profile} profile ({fixed[name]}) and set by the launcher; remove it")
+    for other in settings.FLAVOURS:
+        if other != flavour and name in registry.fixed_env(profile, other):
+            return Problem(name, f"is read only by the {other} runtime; the {flavour} runtime never reads it. "
+                                 f"Remove it, or set TWINSPARK_RUNTIME_FLAVOUR={other}")
     known = [k.env for k in registry.knobs]
     upper = name.upper()
     if upper != name and upper in known:
