@@ -1,4 +1,4 @@
-"""What a node's serving runtime is, in the terms the two nodes must agree on.
+"""What a node's serving runtime is, in the terms the two nodes must agree on, and whether it accepts our flags.
 
 `twinspark runtime facts [--json]` reports the installed vLLM (distribution and version), torch, the patch status
 and a digest of the installed `twinspark` package (its files' content, not its version number, so a rebuilt package
@@ -6,6 +6,14 @@ with the same version still counts as different). The vllm_runtime role compares
 It reads installed metadata only: it imports neither vLLM nor torch.
 
 Exit codes: 0 the report was produced (whatever it says); 2 invalid input.
+
+`twinspark runtime check --env FILE...` builds the exact argv and environment `twinspark serve` would exec (same
+launcher function, same env files) and asks the installed vLLM whether it accepts them: its `vllm serve` parser,
+`validate_parsed_serve_args`, `AsyncEngineArgs.from_cli_args`, and, when the model's config.json is found and a GPU
+is visible (or --capability is given), vLLM's DeepSeek-V4 attention- and MoE-backend checks for that capability
+(see twinspark/vllmcheck.py). Run it in the serving venv before the units start; it loads no weights.
+Exit codes: 0 vLLM accepts everything checked; 1 vLLM refuses (one line per flag with vLLM's reason) or vLLM cannot
+be imported; 2 invalid input (env files, --capability, --model-config).
 """
 
 from __future__ import annotations
@@ -101,9 +109,141 @@ def _find(name: str, site_packages: Path) -> metadata.Distribution:
     raise metadata.PackageNotFoundError(name)
 
 
+def model_config_path(values: dict[str, str]) -> Path | None:
+    """Where this node's config.json for MODEL would be: the local directory, or the pinned Hub snapshot."""
+    model = values.get("MODEL", "")
+    if model.startswith("/"):
+        return Path(model) / "config.json"
+    revision = values.get("MODEL_REVISION")
+    if not model or not revision:
+        return None
+    from twinspark.model import snapshot_dir
+
+    return snapshot_dir(values.get("HF_HOME", "/var/lib/twinspark/hf"), model, revision) / "config.json"
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """"12.1" -> (12, 1); ValueError naming the expected form otherwise."""
+    major, dot, minor = text.partition(".")
+    if not (dot and major.isdigit() and minor.isdigit() and len(minor) == 1):
+        raise ValueError(f"--capability {text!r}: expected MAJOR.MINOR, e.g. 12.1 for a GB10")
+    return int(major), int(minor)
+
+
+def visible_capability() -> tuple[int, int] | None:
+    """The first visible GPU's compute capability, or None when torch sees none."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return int(major), int(minor)
+    except Exception:  # noqa: BLE001 - any failure to ask the driver means "no GPU to check against"
+        return None
+    return None
+
+
+def _check_command(args: argparse.Namespace) -> int:
+    from twinspark import envfile, launcher, settings, validate, vllm_entry, vllmcheck
+
+    name = "twinspark runtime check"
+    if not args.env_files and not args.environ:
+        print(f"{name}: give --env FILE (repeatable) or --environ", file=sys.stderr)
+        return 2
+    try:
+        capability = parse_capability(args.capability) if args.capability else None
+    except ValueError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    registry = settings.load()
+    raw: dict[str, str] = {}
+    if args.environ:
+        raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
+    read = envfile.read_files(launcher.credential_fallback(args.env_files, os.environ))
+    raw.update(read.values)
+    result = validate.validate(raw, registry)
+    problems = read.problems + [str(p) for p in result.problems]
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 2
+    values = dict(result.values)
+    # The GID index only reaches NCCL's environment, never vLLM's parser: no fabric needed to check.
+    command = launcher.build_command(values, result.others, registry)
+    argv = command.argv[1 + len(launcher.VLLM_ENTRY):]
+
+    config_path = Path(args.model_config) if args.model_config else model_config_path(values)
+    hf_config = None
+    if args.model_config and not config_path.is_file():
+        print(f"{name}: --model-config {config_path} is not a file", file=sys.stderr)
+        return 2
+    if config_path is not None and config_path.is_file():
+        try:
+            hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"{name}: {config_path} is not readable JSON: {exc}", file=sys.stderr)
+            return 2
+    if capability is None and not args.no_gpu:
+        capability = visible_capability()
+
+    for key in command.unset:
+        os.environ.pop(key, None)
+    os.environ.update(command.env)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; keep the report clean
+    vllm_entry.install_alias()
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        print(f"{name}: vLLM is not importable here ({exc}); run it with the serving venv's python "
+              "(/opt/twinspark/venv/bin/twinspark)", file=sys.stderr)
+        return 1
+    report = vllmcheck.check(argv, hf_config, capability, args.assume_kernels)
+    flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
+    shown = {
+        "ok": report.ok,
+        "profile": values["TWINSPARK_PROFILE"],
+        "flavour": flavour,
+        "node_rank": values.get("NODE_RANK"),
+        "capability": ".".join(map(str, capability)) if capability else None,
+        "model_config": str(config_path) if hf_config is not None else None,
+        "findings": [{"flag": f.flag, "reason": f.reason} for f in report.findings],
+        "checked": report.checked,
+        "notes": report.notes,
+    }
+    if args.json:
+        print(json.dumps(shown, indent=2))
+    else:
+        for line in report.checked:
+            print(f"ok    {line}")
+        for line in report.notes:
+            print(f"note  {line}")
+    for finding in report.findings:
+        print(f"{name}: rank {shown['node_rank']} ({flavour} runtime): {finding}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("runtime", help="report the installed serving runtime (vLLM, torch, patches)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    checker = verbs.add_parser(
+        "check", help="ask the installed vLLM whether it accepts this node's argv (before the units start)",
+        description=__doc__,
+    )
+    checker.add_argument("--env", action="append", default=[], metavar="FILE", dest="env_files",
+                         help="env file, as for `twinspark serve`; repeat it, later files override earlier ones")
+    checker.add_argument("--environ", action="store_true", help="as for `twinspark serve`")
+    checker.add_argument("--model-config", metavar="PATH",
+                         help="the model's config.json (default: MODEL's directory, or its pinned snapshot under "
+                              "HF_HOME when present)")
+    checker.add_argument("--capability", metavar="MAJOR.MINOR",
+                         help="check the backends for this compute capability (default: the visible GPU's)")
+    checker.add_argument("--no-gpu", action="store_true", help="do not ask torch for a GPU (skip backend checks "
+                                                               "unless --capability is given)")
+    checker.add_argument("--assume-kernels", action="store_true",
+                         help="for machines without the CUDA kernel packages (CI): assume FlashInfer's SM120 "
+                              "sparse MLA API is present instead of failing on its absence; reported as a note")
+    checker.add_argument("--json", action="store_true", help="print the report as JSON")
+    checker.set_defaults(func=_check_command)
     report = verbs.add_parser("facts", help=__doc__.splitlines()[0], description=__doc__)
     report.add_argument(
         "--site-packages",

@@ -103,8 +103,9 @@ def serve_args(argv: Sequence[str], report: Report):
         report.checked.append("validate_parsed_serve_args passed")
         engine_args = AsyncEngineArgs.from_cli_args(args)
         report.checked.append("AsyncEngineArgs.from_cli_args passed")
-    except (ValueError, TypeError) as exc:
-        report.findings.append(Finding(_flag_in(str(exc), "argv"), f"vLLM rejects it: {exc}"))
+    except Exception as exc:  # noqa: BLE001 - whatever vLLM raises here would stop the engine at start too
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        report.findings.append(Finding(_flag_in(first, "argv"), f"vLLM rejects it: {type(exc).__name__}: {first}"))
         return None
     return engine_args
 

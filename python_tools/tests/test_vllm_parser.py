@@ -1,0 +1,208 @@
+"""The CI proof without a GPU: vLLM 0.33.0's own code judges the gb10 argv that `twinspark serve` builds.
+
+A throwaway venv (scripts/build-vllm-parser-venv: vllm==0.33.0 --no-deps, the CPU torch wheel from pip's
+find-links, and only what vLLM's CLI import chain needs; cached under /var/tmp between runs) runs:
+(1) both gb10 ranks' argv through vLLM's real `vllm serve` parser, `validate_parsed_serve_args` and
+    `AsyncEngineArgs.from_cli_args`, through `twinspark runtime check`, the command the service role runs;
+(2) vLLM's DeepSeek-V4 attention- and MoE-backend functions for compute capability 12.1 (SM121, GB10), with a
+    hand-shaped config.json standing in for the pinned checkpoint's.
+The venv build is skipped only when no CPU torch wheel is in pip's find-links (exit 3 of the script).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twinspark import cli, launcher, nodeenv, settings, validate, vllmcheck
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "scripts" / "build-vllm-parser-venv"
+CONFIG = Path(__file__).parent / "fixtures" / "handshaped_deepseek_v4_flash_config.json"
+GB10 = "12.1"
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    done = subprocess.run([str(BUILD), "0.33.0"], capture_output=True, text=True, timeout=1800)
+    if done.returncode == 3:
+        pytest.skip(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, f"scripts/build-vllm-parser-venv failed:\n{done.stderr[-4000:]}"
+    return Path(done.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def hf_home(tmp_path_factory) -> Path:
+    """An HF_HOME holding only the pinned snapshot's config.json (the hand-shaped one), as a node's would after the
+    model role ran: with HF_HUB_OFFLINE=1 vLLM resolves the model there and never reaches the network."""
+    home = tmp_path_factory.mktemp("hf")
+    defaults = settings.load().defaults("gb10")
+    from twinspark.model import snapshot_dir
+
+    snapshot = snapshot_dir(home, defaults["MODEL"], defaults["MODEL_REVISION"])
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(CONFIG.read_text())
+    return home
+
+
+def _vllm_env(hf_home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "NCCL_", "HF_"))}
+    env.update(PYTHONPATH=str(REPO / "python_tools"), VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR",
+               HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    return env
+
+
+def runtime_check(python: Path, hf_home: Path, env_file: Path, *extra: str) -> tuple[int, dict, str]:
+    """`twinspark runtime check` as the service role runs it, config.json found in the pinned snapshot."""
+    done = subprocess.run(
+        [str(python), "-m", "twinspark.cli", "runtime", "check", "--env", str(env_file), "--capability", GB10,
+         "--assume-kernels", "--json", *extra],
+        capture_output=True, text=True, timeout=600, env=_vllm_env(hf_home), cwd=REPO,
+    )
+    assert done.stdout.strip(), done.stderr[-4000:]
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def check_argv(python: Path, hf_home: Path, argv: list[str]) -> dict:
+    """vllmcheck.check in the throwaway venv on an argv built here (for registries other than the packaged one)."""
+    script = ("import json, sys; from twinspark import vllmcheck; a = json.load(sys.stdin); "
+              "r = vllmcheck.check(a['argv'], a['config'], (12, 1), assume_kernels=True); "
+              "print(json.dumps({'findings': [str(f) for f in r.findings], 'checked': r.checked}))")
+    done = subprocess.run([str(python), "-c", script], input=json.dumps({"argv": argv, "config": json.loads(
+        CONFIG.read_text())}), capture_output=True, text=True, timeout=600, env=_vllm_env(hf_home))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def env_file(tmp_path: Path, rank: int, extra: str = "", hf_home: Path | None = None) -> Path:
+    serve, secrets = nodeenv.example_env("gb10", rank)
+    if hf_home is not None:
+        serve["HF_HOME"] = str(hf_home)
+    path = tmp_path / f"gb10-{rank}.env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in {**serve, **secrets}.items()) + extra)
+    path.chmod(0o600)
+    return path
+
+
+def gb10_argv(rank: int, registry: settings.Registry) -> list[str]:
+    serve, secrets = nodeenv.example_env("gb10", rank)
+    result = validate.validate({**serve, **secrets}, registry)
+    assert result.ok, result.problems
+    return launcher.build_command(result.values, result.others, registry).argv[1 + len(launcher.VLLM_ENTRY):]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_python, hf_home, tmp_path, rank):
+    code, report, err = runtime_check(vllm_python, hf_home, env_file(tmp_path, rank, hf_home=hf_home))
+    print(f"rank {rank}: " + "; ".join(report["checked"] + report["notes"]))
+    assert code == 0, err
+    assert report["ok"] and report["findings"] == []
+    assert report["flavour"] == "stock" and report["capability"] == GB10
+    assert report["model_config"].endswith("/snapshots/" + settings.load().defaults("gb10")["MODEL_REVISION"]
+                                           + "/config.json")
+    checked = "\n".join(report["checked"])
+    assert "validate_parsed_serve_args passed" in checked
+    assert "AsyncEngineArgs.from_cli_args passed" in checked
+    assert "DeepseekV4FlashInferSM120Attention -> FLASHINFER_MLA_SPARSE_DSV4" in checked
+    assert "accepts kv_cache_dtype=fp8_ds_mla" in checked
+    assert "mxfp4 experts, moe_backend=auto" in checked
+
+
+def test_nvfp4_ds_mla_as_the_stock_default_fails_with_vllms_reason(vllm_python, hf_home):
+    data = yaml.safe_load(settings.resources.files("twinspark").joinpath("settings.yml").read_text())
+    data["flavours"]["stock"]["gb10"]["fixed_args"] = ["--kv-cache-dtype", "nvfp4_ds_mla"]
+    wrong = settings.parse_registry(data)
+    result = check_argv(vllm_python, hf_home, gb10_argv(0, wrong))
+    print("\n".join(result["findings"]))
+    assert any(line.startswith("--kv-cache-dtype: ") and "only supports fp8 kv-cache, got nvfp4_ds_mla" in line
+               for line in result["findings"]), result
+    assert any("FLASHINFER_MLA_SPARSE_DSV4 refuses kv_cache_dtype=nvfp4_ds_mla on SM121: kv_cache_dtype not "
+               "supported" in line for line in result["findings"]), result
+
+
+def test_fork_flags_on_stock_vllm_fail_naming_each_flag(vllm_python, hf_home, tmp_path):
+    path = env_file(tmp_path, 1, "TWINSPARK_RUNTIME_FLAVOUR=fork\n", hf_home=hf_home)
+    code, report, err = runtime_check(vllm_python, hf_home, path)
+    print(err)
+    assert code == 1
+    flags = {finding["flag"] for finding in report["findings"]}
+    assert flags == {"--kv-cache-dtype", "--moe-backend"}
+    assert "moe_backend='flashinfer_b12x' is not supported for MXFP4 MoE" in err
+    assert "rank 1 (fork runtime)" in err
+
+
+def test_a_value_vllms_parser_rejects_names_the_flag(vllm_python, hf_home):
+    argv = gb10_argv(0, settings.load()) + ["--max-num-seqs", "six"]
+    result = check_argv(vllm_python, hf_home, argv)
+    assert len(result["findings"]) == 1, result
+    assert result["findings"][0].startswith("--max-num-seqs: vLLM's argument parser: ")
+    assert "'six'" in result["findings"][0]
+
+
+def test_an_explicit_nvfp4_moe_backend_without_clamp_is_refused_for_a_clamped_model(vllm_python, hf_home):
+    argv = gb10_argv(0, settings.load()) + ["--moe-backend", "flashinfer_b12x"]
+    config = {**json.loads(CONFIG.read_text()), "swiglu_limit": 10.0}
+    config["quantization_config"] = {**config["quantization_config"], "moe_quant_algo": "NVFP4"}
+    script = ("import json, sys; from twinspark import vllmcheck; a = json.load(sys.stdin); "
+              "r = vllmcheck.check(a['argv'], a['config'], (12, 1), assume_kernels=True); "
+              "print(json.dumps([str(f) for f in r.findings]))")
+    done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps({"argv": argv, "config": config}),
+                          capture_output=True, text=True, timeout=600, env=_vllm_env(hf_home))
+    assert done.returncode == 0, done.stderr[-4000:]
+    findings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert findings == ["--moe-backend: vLLM refuses it for nvfp4 experts: Model sets swiglu_limit=10.0, but the "
+                        "explicitly requested moe_backend='flashinfer_b12x' does not apply the SwiGLU clamp"]
+
+
+# ---- no vLLM needed below: the glue's own rules and the command's input handling
+
+
+def test_expert_format_follows_vllms_deepseek_v4_dispatch():
+    base = json.loads(CONFIG.read_text())
+    assert vllmcheck.expert_format(base) == "mxfp4"
+    assert vllmcheck.expert_format({**base, "expert_dtype": "fp8"}) == "fp8"
+    nvfp4 = {**base, "quantization_config": {"moe_quant_algo": "nvfp4"}}
+    assert vllmcheck.expert_format(nvfp4) == "nvfp4"
+    assert vllmcheck.expert_format({"model_type": "llama"}) is None
+
+
+def test_flag_value_takes_the_last_occurrence_as_argparse_does():
+    assert vllmcheck.flag_value(["--moe-backend", "a", "--x", "--moe-backend=b"], "--moe-backend") == "b"
+    assert vllmcheck.flag_value(["--moe-backend"], "--moe-backend") is None
+
+
+def test_runtime_check_bad_env_is_exit_2(tmp_path, capsys):
+    path = env_file(tmp_path, 0, "MAX_NUM_SEQS=many\n")
+    assert cli.main(["runtime", "check", "--env", str(path)]) == 2
+    assert "MAX_NUM_SEQS: is not a whole number" in capsys.readouterr().err
+
+
+def test_runtime_check_bad_capability_is_exit_2(tmp_path, capsys):
+    assert cli.main(["runtime", "check", "--env", str(env_file(tmp_path, 0)), "--capability", "sm121"]) == 2
+    assert "--capability 'sm121': expected MAJOR.MINOR" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(bool(__import__("importlib.util").util.find_spec("vllm")), reason="vLLM is installed here")
+def test_runtime_check_without_vllm_is_exit_1_naming_the_venv(tmp_path, capsys):
+    code = cli.main(["runtime", "check", "--env", str(env_file(tmp_path, 0)), "--no-gpu"])
+    assert code == 1
+    assert "vLLM is not importable here" in capsys.readouterr().err
+
+
+def test_model_config_path_is_the_pinned_snapshot_or_the_local_directory():
+    from twinspark import runtime
+
+    values = {"MODEL": "org/name", "MODEL_REVISION": "abc", "HF_HOME": "/hf"}
+    assert str(runtime.model_config_path(values)) == "/hf/hub/models--org--name/snapshots/abc/config.json"
+    assert str(runtime.model_config_path({"MODEL": "/m"})) == "/m/config.json"
+    assert runtime.model_config_path({"MODEL": "org/name", "MODEL_REVISION": ""}) is None
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-s"]))
