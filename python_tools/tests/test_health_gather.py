@@ -332,3 +332,9 @@ def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path):
     assert statuses == {"unit": FAILED, "process": FAILED, "fabric": FAILED, "env": OK, "model": FAILED,
                         "disk": statuses["disk"], "earlyoom": OK}
     assert "first-key" not in json.dumps(facts, default=str)
+
+
+def test_runtime_flavour_comes_from_the_env_files_and_defaults_to_stock():
+    assert gather.flavour_of({}) == "stock"
+    assert gather.flavour_of({"TWINSPARK_RUNTIME_FLAVOUR": ""}) == "stock"
+    assert gather.flavour_of({"TWINSPARK_RUNTIME_FLAVOUR": "fork"}) == "fork"

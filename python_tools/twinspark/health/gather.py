@@ -285,6 +285,11 @@ def profile_of(env: Mapping[str, str]) -> str:
     return env.get("TWINSPARK_PROFILE", "") or "gb10"
 
 
+def flavour_of(env: Mapping[str, str]) -> str:
+    """The serving runtime flavour the env files select (stock unless TWINSPARK_RUNTIME_FLAVOUR says otherwise)."""
+    return env.get("TWINSPARK_RUNTIME_FLAVOUR", "") or "stock"
+
+
 def is_head(env: Mapping[str, str]) -> bool:
     return str(env.get("NODE_RANK", "0")).strip() in ("0", "")
 
@@ -311,7 +316,7 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         "model": read_model(env),
         "disk": read_disk(state_dir),
         "earlyoom": read_unit("earlyoom.service", run),
-        "runtime": read_runtime(),
+        "runtime": {**read_runtime(), "flavour": flavour_of(env)},
     }
     if profile == "gb10":
         try:
