@@ -69,13 +69,31 @@ def runtime_check(python: Path, hf_home: Path, env_file: Path, *extra: str) -> t
     return done.returncode, json.loads(done.stdout), done.stderr
 
 
-def check_argv(python: Path, hf_home: Path, argv: list[str]) -> dict:
-    """vllmcheck.check in the throwaway venv on an argv built here (for registries other than the packaged one)."""
-    script = ("import json, sys; from twinspark import vllmcheck; a = json.load(sys.stdin); "
-              "r = vllmcheck.check(a['argv'], a['config'], (12, 1), assume_kernels=True); "
-              "print(json.dumps({'findings': [str(f) for f in r.findings], 'checked': r.checked}))")
-    done = subprocess.run([str(python), "-c", script], input=json.dumps({"argv": argv, "config": json.loads(
-        CONFIG.read_text())}), capture_output=True, text=True, timeout=600, env=_vllm_env(hf_home))
+def wrong_stock_registry() -> settings.Registry:
+    """The packaged registry with the recipe's nvfp4_ds_mla put back as the stock gb10 default (deliberately wrong)."""
+    data = yaml.safe_load(settings.resources.files("twinspark").joinpath("settings.yml").read_text())
+    data["flavours"]["stock"]["gb10"]["fixed_args"] = ["--kv-cache-dtype", "nvfp4_ds_mla"]
+    return settings.parse_registry(data)
+
+
+@pytest.fixture(scope="session")
+def judged(vllm_python, hf_home) -> dict[str, list[str]]:
+    """vllmcheck.check in the throwaway venv on argv built here, all cases in one process (vLLM imports once):
+    case name -> findings."""
+    config = json.loads(CONFIG.read_text())
+    clamped = {**config, "swiglu_limit": 10.0,
+               "quantization_config": {**config["quantization_config"], "moe_quant_algo": "NVFP4"}}
+    stock = gb10_argv(0, settings.load())
+    cases = {
+        "nvfp4_ds_mla_under_stock": (gb10_argv(0, wrong_stock_registry()), config),
+        "parser_rejects_a_value": (stock + ["--max-num-seqs", "six"], config),
+        "unclamped_nvfp4_backend": (stock + ["--moe-backend", "flashinfer_b12x"], clamped),
+    }
+    script = ("import json, sys; from twinspark import vllmcheck; cases = json.load(sys.stdin); "
+              "print(json.dumps({name: [str(f) for f in vllmcheck.check(argv, config, (12, 1), "
+              "assume_kernels=True).findings] for name, (argv, config) in cases.items()}))")
+    done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps(cases), capture_output=True, text=True,
+                          timeout=600, env=_vllm_env(hf_home))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -114,16 +132,13 @@ def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_pytho
     assert "mxfp4 experts, moe_backend=auto" in checked
 
 
-def test_nvfp4_ds_mla_as_the_stock_default_fails_with_vllms_reason(vllm_python, hf_home):
-    data = yaml.safe_load(settings.resources.files("twinspark").joinpath("settings.yml").read_text())
-    data["flavours"]["stock"]["gb10"]["fixed_args"] = ["--kv-cache-dtype", "nvfp4_ds_mla"]
-    wrong = settings.parse_registry(data)
-    result = check_argv(vllm_python, hf_home, gb10_argv(0, wrong))
-    print("\n".join(result["findings"]))
+def test_nvfp4_ds_mla_as_the_stock_default_fails_with_vllms_reason(judged):
+    findings = judged["nvfp4_ds_mla_under_stock"]
+    print("\n".join(findings))
     assert any(line.startswith("--kv-cache-dtype: ") and "only supports fp8 kv-cache, got nvfp4_ds_mla" in line
-               for line in result["findings"]), result
+               for line in findings), findings
     assert any("FLASHINFER_MLA_SPARSE_DSV4 refuses kv_cache_dtype=nvfp4_ds_mla on SM121: kv_cache_dtype not "
-               "supported" in line for line in result["findings"]), result
+               "supported" in line for line in findings), findings
 
 
 def test_fork_flags_on_stock_vllm_fail_naming_each_flag(vllm_python, hf_home, tmp_path):
@@ -137,27 +152,17 @@ def test_fork_flags_on_stock_vllm_fail_naming_each_flag(vllm_python, hf_home, tm
     assert "rank 1 (fork runtime)" in err
 
 
-def test_a_value_vllms_parser_rejects_names_the_flag(vllm_python, hf_home):
-    argv = gb10_argv(0, settings.load()) + ["--max-num-seqs", "six"]
-    result = check_argv(vllm_python, hf_home, argv)
-    assert len(result["findings"]) == 1, result
-    assert result["findings"][0].startswith("--max-num-seqs: vLLM's argument parser: ")
-    assert "'six'" in result["findings"][0]
+def test_a_value_vllms_parser_rejects_names_the_flag(judged):
+    findings = judged["parser_rejects_a_value"]
+    assert len(findings) == 1, findings
+    assert findings[0].startswith("--max-num-seqs: vLLM's argument parser: ")
+    assert "'six'" in findings[0]
 
 
-def test_an_explicit_nvfp4_moe_backend_without_clamp_is_refused_for_a_clamped_model(vllm_python, hf_home):
-    argv = gb10_argv(0, settings.load()) + ["--moe-backend", "flashinfer_b12x"]
-    config = {**json.loads(CONFIG.read_text()), "swiglu_limit": 10.0}
-    config["quantization_config"] = {**config["quantization_config"], "moe_quant_algo": "NVFP4"}
-    script = ("import json, sys; from twinspark import vllmcheck; a = json.load(sys.stdin); "
-              "r = vllmcheck.check(a['argv'], a['config'], (12, 1), assume_kernels=True); "
-              "print(json.dumps([str(f) for f in r.findings]))")
-    done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps({"argv": argv, "config": config}),
-                          capture_output=True, text=True, timeout=600, env=_vllm_env(hf_home))
-    assert done.returncode == 0, done.stderr[-4000:]
-    findings = json.loads(done.stdout.strip().splitlines()[-1])
-    assert findings == ["--moe-backend: vLLM refuses it for nvfp4 experts: Model sets swiglu_limit=10.0, but the "
-                        "explicitly requested moe_backend='flashinfer_b12x' does not apply the SwiGLU clamp"]
+def test_an_explicit_nvfp4_moe_backend_without_clamp_is_refused_for_a_clamped_model(judged):
+    assert judged["unclamped_nvfp4_backend"] == [
+        "--moe-backend: vLLM refuses it for nvfp4 experts: Model sets swiglu_limit=10.0, but the explicitly "
+        "requested moe_backend='flashinfer_b12x' does not apply the SwiGLU clamp"]
 
 
 # ---- no vLLM needed below: the glue's own rules and the command's input handling
