@@ -30,7 +30,9 @@ def test_registry_covers_the_recipe_knobs():
 
 def test_inventory_variables_follow_the_naming_rule():
     for knob in settings.load().knobs:
-        expected = "twinspark_profile" if knob.env == "TWINSPARK_PROFILE" else "twinspark_" + knob.env.lower()
+        # twinspark_<lowercase env>; an env name that already starts with TWINSPARK_ keeps one prefix.
+        lower = knob.env.lower()
+        expected = lower if lower.startswith("twinspark_") else "twinspark_" + lower
         assert knob.var == expected
 
 

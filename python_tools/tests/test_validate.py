@@ -74,6 +74,8 @@ def test_defaults_validate_cleanly(tmp_path, capsys, profile, rank):
         ("ENFORCE_EAGER", "auto", "ENFORCE_EAGER: is not a boolean (got 'auto')"),
         ("LONG_PREFILL_TOKEN_THRESHOLD", "0", "LONG_PREFILL_TOKEN_THRESHOLD: must be at least 1"),
         ("TWINSPARK_PROFILE", "gb200", "TWINSPARK_PROFILE: unknown profile (got 'gb200') (allowed: gb10, cpu)"),
+        ("TWINSPARK_RUNTIME_FLAVOUR", "forked",
+         "TWINSPARK_RUNTIME_FLAVOUR: is not one of the allowed values (got 'forked') (allowed: stock, fork)"),
         ("MASTER_ADDR", "192.0.2.300", "MASTER_ADDR: is not an IPv4 address"),
         ("VLLM_HOST", "localhost", "VLLM_HOST: is not an IP address"),
         ("MODEL", "just-a-name", "MODEL: is neither a Hugging Face repository id"),

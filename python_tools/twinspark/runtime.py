@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -109,6 +110,10 @@ def _find(name: str, site_packages: Path) -> metadata.Distribution:
     raise metadata.PackageNotFoundError(name)
 
 
+SCRATCH_DIRS = ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TILELANG_CACHE_DIR",
+                "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
+
+
 def model_config_path(values: dict[str, str]) -> Path | None:
     """Where this node's config.json for MODEL would be: the local directory, or the pinned Hub snapshot."""
     model = values.get("MODEL", "")
@@ -190,14 +195,19 @@ def _check_command(args: argparse.Namespace) -> int:
         os.environ.pop(key, None)
     os.environ.update(command.env)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; keep the report clean
+    os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     vllm_entry.install_alias()
-    try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        print(f"{name}: vLLM is not importable here ({exc}); run it with the serving venv's python "
-              "(/opt/twinspark/venv/bin/twinspark)", file=sys.stderr)
-        return 1
-    report = vllmcheck.check(argv, hf_config, capability, args.assume_kernels)
+    with tempfile.TemporaryDirectory(prefix="twinspark-runtime-check-") as scratch:
+        # The check usually runs as root: whatever vLLM or torch caches while importing goes to a scratch directory,
+        # never into the service user's cache directories (root-owned files there would break the next start).
+        os.environ.update({key: str(Path(scratch) / key.lower()) for key in SCRATCH_DIRS})
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            print(f"{name}: vLLM is not importable here ({exc}); run it with the serving venv's python "
+                  "(/opt/twinspark/venv/bin/twinspark)", file=sys.stderr)
+            return 1
+        report = vllmcheck.check(argv, hf_config, capability, args.assume_kernels)
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
     shown = {
         "ok": report.ok,
