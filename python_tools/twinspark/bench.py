@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from twinspark import netguard
+
 # RECIPE.md, "Published figures to beat": DeepSeek-V4-Flash-0731, TP=2 on two DGX Sparks.
 PUBLISHED_GB10 = {
     1: {"decode_tok_s_per_stream": (62.0, 83.0)},
@@ -326,6 +328,11 @@ def run(args: argparse.Namespace) -> int:
         key = key or inventory_key
         model = model or served
     url = url.rstrip("/")
+    try:
+        netguard.check([url])
+    except netguard.UnsafeRoute as error:
+        print(f"twinspark bench: {error}", file=sys.stderr)
+        return 2
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     session = requests.Session()
     if not model:

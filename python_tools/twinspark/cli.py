@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "twinspark.health",
     "twinspark.launcher",
     "twinspark.model",
+    "twinspark.netguard",
     "twinspark.pairguard",
     "twinspark.patching",
     "twinspark.runtime",
