@@ -101,8 +101,16 @@ def test_every_problem_is_reported_at_once(tmp_path, capsys):
     assert [line.split(":")[0] for line in lines] == ["VLLM_PORT", "DEFAULT_THINKING", "MTP_NUM_TOKENS"]
 
 
-def test_unrelated_variables_are_left_alone(tmp_path, capsys):
-    assert check_with(tmp_path, capsys, NCCL_IB_TC="106", CUDA_VISIBLE_DEVICES="0") == (0, [])
+def test_variables_outside_the_registry_are_refused_by_name(tmp_path, capsys):
+    code, lines = check_with(tmp_path, capsys, NCCL_IB_TC="106", CUDA_VISIBLE_DEVICES="0")
+    assert code == 2
+    assert [line.split(":")[0] for line in lines] == ["NCCL_IB_TC", "CUDA_VISIBLE_DEVICES"]
+    assert all("name it in ENV_PASSTHROUGH" in line for line in lines), lines
+
+
+def test_variables_named_in_the_passthrough_knob_are_accepted(tmp_path, capsys):
+    assert check_with(tmp_path, capsys, NCCL_IB_TC="106", CUDA_VISIBLE_DEVICES="0",
+                      ENV_PASSTHROUGH="NCCL_IB_TC, CUDA_VISIBLE_DEVICES") == (0, [])
 
 
 @pytest.mark.parametrize(
