@@ -2,7 +2,8 @@
 
 ``resolve-gid`` exit codes: 0 resolved (stdout is exactly one line, the index; notes go to stderr), 1 no port
 selected or a member without a usable RoCE v2 GID, 2 invalid input, 3 the members share no index.
-``show`` exits 0 (1 when no RDMA device is found, 2 when an attribute is a FIFO, a device or oversized). ``bench``: see ``twinspark.fabric.bench``.
+``show`` exits 0 (1 when no RDMA device is found, 2 when an attribute is a FIFO, a device or oversized).
+``bench``: see ``twinspark.fabric.bench``.
 """
 
 from __future__ import annotations
