@@ -97,12 +97,17 @@ ENV_FILE_CASES = {
 def test_an_env_file_that_is_not_a_small_regular_file_is_refused_without_reading_it(tmp_path, verb, case):
     make, message = ENV_FILE_CASES[case]
     bad = make(tmp_path / "hostile.env")
-    good = env_file(tmp_path)
     before = snapshot(tmp_path)
-    args = ["serve", "--dry-run", "--skip-gid", "--env", str(good), "--env", str(bad)] if verb == "serve" else \
-        ["env", "check", str(good), str(bad)]
+    args = ["serve", "--dry-run", "--skip-gid", "--env", str(bad)] if verb == "serve" else ["env", "check", str(bad)]
     assert_one_line(*twinspark(*args, cwd=tmp_path), 2, f"{bad}: {message}")
     assert snapshot(tmp_path) == before
+
+
+def test_a_refused_env_file_among_good_ones_is_still_the_one_line(tmp_path):
+    good = env_file(tmp_path)
+    bad = _fifo(tmp_path / "hostile.env")
+    assert_one_line(*twinspark("serve", "--skip-gid", "--dry-run", "--env", str(good), "--env", str(bad),
+                               cwd=tmp_path), 2, f"{bad}: is a FIFO")
 
 
 def test_a_nul_byte_in_a_value_names_the_variable_at_serve(tmp_path):

@@ -34,6 +34,8 @@ class EnvFile:
     values: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    """Files that were not read at all (missing, unreadable, not a small regular file); each is also a problem."""
 
 
 def normalise_text(text: str) -> str:
@@ -161,9 +163,11 @@ def read_files(paths: Iterable[str | os.PathLike[str]]) -> EnvFile:
             raw = safeio.read_bounded(path, MAX_BYTES)
         except FileNotFoundError as exc:
             merged.problems.append(f"{path}: cannot read ({exc.strerror or exc})")
+            merged.refused.append(str(path))
             continue
         except safeio.RefusedFile as exc:
             merged.problems.append(str(exc))
+            merged.refused.append(str(path))
             continue
         try:
             text = raw.decode("utf-8")
