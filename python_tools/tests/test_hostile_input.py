@@ -119,6 +119,11 @@ def test_a_nul_byte_in_a_value_names_the_variable_at_serve(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+def test_a_nul_byte_in_the_profile_is_the_only_line(tmp_path):
+    path = env_file(tmp_path, "TWINSPARK_PROFILE=cpu\0\n")
+    assert_one_line(*twinspark("env", "check", str(path), cwd=tmp_path), 2, "TWINSPARK_PROFILE: contains a NUL byte")
+
+
 def test_a_nul_byte_in_a_secret_names_the_variable_and_not_the_value(tmp_path):
     path = env_file(tmp_path, "VLLM_API_KEY=sk-visible\0rest\n")
     code, lines, stdout = twinspark("env", "check", str(path), cwd=tmp_path)

@@ -247,7 +247,13 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     """Validate and normalise one node's env mapping (values as env-file text)."""
     registry = registry or settings.load()
     problems: list[Problem] = []
+    with_nul = [name for name, text in raw.items() if "\0" in text]
+    for name in with_nul:
+        problems.append(Problem(name, "contains a NUL byte, which no process environment or argument can carry; "
+                                      "remove it"))
     profile_knob = registry["TWINSPARK_PROFILE"]
+    if "TWINSPARK_PROFILE" in with_nul:  # every other rule depends on the profile: judging them would be noise
+        return Result(profile=profile_knob.default_for("gb10") or "gb10", problems=problems)
     profile = raw.get("TWINSPARK_PROFILE", "").strip() or profile_knob.default_for("gb10")
     if profile not in settings.PROFILES:
         problems.append(Problem("TWINSPARK_PROFILE", f"unknown profile{_got(profile_knob, profile)}",
@@ -256,10 +262,6 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     result = Result(profile=profile)
     rank_text = raw.get("NODE_RANK", "").strip()
     rank = int(rank_text) if rank_text in ("0", "1") else None
-    with_nul = [name for name, text in raw.items() if "\0" in text]
-    for name in with_nul:
-        problems.append(Problem(name, "contains a NUL byte, which no process environment or argument can carry; "
-                                      "remove it"))
 
     for knob in registry.knobs:
         if knob.env in with_nul:
