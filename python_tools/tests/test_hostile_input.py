@@ -103,6 +103,18 @@ def test_an_env_file_that_is_not_a_small_regular_file_is_refused_without_reading
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("case", sorted(ENV_FILE_CASES))
+def test_the_pair_guard_refuses_the_same_env_files_before_looking_at_any_node(tmp_path, case):
+    make, message = ENV_FILE_CASES[case]
+    bad = make(tmp_path / "hostile.env")
+    before = snapshot(tmp_path)
+    code, lines, stdout = twinspark("pair", "check", "--env", str(bad), "--worker", "127.0.0.1",
+                                    "--state-file", str(tmp_path / "state.json"), cwd=tmp_path)
+    assert code == 2 and stdout == "", lines
+    assert len(lines) == 1 and f"{bad}: {message}" in lines[0], lines
+    assert snapshot(tmp_path) == before
+
+
 def test_a_refused_env_file_among_good_ones_is_still_the_one_line(tmp_path):
     good = env_file(tmp_path)
     bad = _fifo(tmp_path / "hostile.env")

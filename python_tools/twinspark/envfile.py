@@ -35,7 +35,8 @@ class EnvFile:
     problems: list[str] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
-    """Files that were not read at all (missing, unreadable, not a small regular file); each is also a problem."""
+    """One line per file that was not read at all (missing, unreadable, not a small regular file, not UTF-8);
+    each line is also in `problems`."""
 
 
 def normalise_text(text: str) -> str:
@@ -162,17 +163,18 @@ def read_files(paths: Iterable[str | os.PathLike[str]]) -> EnvFile:
         try:
             raw = safeio.read_bounded(path, MAX_BYTES)
         except FileNotFoundError as exc:
-            merged.problems.append(f"{path}: cannot read ({exc.strerror or exc})")
-            merged.refused.append(str(path))
+            merged.refused.append(f"{path}: cannot read ({exc.strerror or exc})")
+            merged.problems.append(merged.refused[-1])
             continue
         except safeio.RefusedFile as exc:
-            merged.problems.append(str(exc))
-            merged.refused.append(str(path))
+            merged.refused.append(str(exc))
+            merged.problems.append(merged.refused[-1])
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            merged.problems.append(f"{path}: not UTF-8 text (byte {exc.start})")
+            merged.refused.append(f"{path}: not UTF-8 text (byte {exc.start})")
+            merged.problems.append(merged.refused[-1])
             continue
         one = parse(text, str(path))
         merged.problems.extend(one.problems)
