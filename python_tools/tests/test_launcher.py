@@ -218,6 +218,7 @@ def test_no_gid_resolution_when_auto_is_off_or_on_cpu():
 
 def test_gid_failure_exits_with_the_resolvers_code(tmp_path, capsys):
     path = write_defaults(tmp_path, "gb10", 0)
+    (tmp_path / "no-rdma-here").mkdir()
     code = cli.main(["serve", "--dry-run", "--env", str(path), "--sysfs-root", str(tmp_path / "no-rdma-here")])
     assert code == 1
     assert capsys.readouterr().err.startswith("NCCL_IB_GID_INDEX: could not be resolved on this node:")
@@ -270,7 +271,7 @@ def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
         f"    json.dump({{'argv': sys.argv, 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
         "    return 0\n"
     )
-    path = write_defaults(tmp_path, "cpu", 1, "NCCL_IB_TC=106\n")
+    path = write_defaults(tmp_path, "cpu", 1, "NCCL_IB_TC=106\nENV_PASSTHROUGH=NCCL_IB_TC\n")
     env = {**os.environ, "PYTHONPATH": str(fake), "VLLM_PORT": "8888", "MAX_NUM_SEQS": "6",
            "VLLM_CPU_KVCACHE_SPACE": "99"}
     twinspark = Path(sys.executable).with_name("twinspark")

