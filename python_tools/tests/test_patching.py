@@ -14,7 +14,7 @@ import yaml
 from vllm_wheels import PATCHES, TARGETS, pristine_fixture  # noqa: F401  (the fixture `pristine`)
 from vllm_wheels import manifest as _manifest
 
-from twinspark import patching
+from twinspark import atomic, patching
 from twinspark.cli import main
 
 
@@ -434,7 +434,7 @@ def test_a_file_a_failed_write_already_replaced_is_restored(site, capsys, monkey
     it fails: the write failed, yet the file on disk is already the new one and must be restored."""
     _, root = site
     original = _snapshot(root)
-    real_fsync_dir = patching._fsync_dir
+    real_fsync_dir = atomic.fsync_dir
     calls = []
 
     def failing_fsync_dir(directory: Path) -> None:
@@ -443,7 +443,7 @@ def test_a_file_a_failed_write_already_replaced_is_restored(site, capsys, monkey
             raise OSError(5, "Input/output error")
         real_fsync_dir(directory)
 
-    monkeypatch.setattr(patching, "_fsync_dir", failing_fsync_dir)
+    monkeypatch.setattr(atomic, "fsync_dir", failing_fsync_dir)
     capsys.readouterr()
     assert _patch("apply", "--site-packages", str(root)) == 1
     err = capsys.readouterr().err

@@ -9,15 +9,12 @@ When several files are read, later files override earlier ones, as with several 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from twinspark import safeio
+from twinspark import atomic, safeio
 
 MAX_BYTES = 1 << 20
 """The largest env file read (1 MiB): real ones are a few kilobytes."""
@@ -201,31 +198,6 @@ def render(values: Mapping[str, str], header: str = "") -> str:
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text` so that readers see the old file or the new one, never a part.
-
-    The temporary file is created in the target's directory (same filesystem, so the rename is atomic) with
-    `mode` from the start, flushed and fsynced, renamed over the target, and the directory fsynced so the rename
-    survives a crash. Any failure leaves the old file untouched and removes the temporary file.
-    """
-    target = Path(path)
-    directory = target.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            fd = -1
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        if fd != -1:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace `path` with `text` (UTF-8, LF as given) so that readers see the old file or the new one, never a
+    part; the file has `mode` from its first byte. The steps are twinspark.atomic's."""
+    atomic.write_atomic(path, text.encode("utf-8"), mode=mode)

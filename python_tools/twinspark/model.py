@@ -19,10 +19,11 @@ import re
 import shutil
 import struct
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from twinspark import atomic
 
 # The checkpoint and commit the reference recipe was tested with (RECIPE.md, "Model, thinking..."). Leaving the
 # revision unset pins to it; setting it to the empty string follows the hub's default branch.
@@ -505,15 +506,7 @@ def check_offline_ref(hf_home: str | Path, repo_id: str, commit: str, branch: st
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_atomic(path, text.encode("utf-8"), mode=0o644)
 
 
 def _human(n: float) -> str:

@@ -21,12 +21,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+
+from twinspark import atomic
 
 UNIT = "twinspark-vllm.service"
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
@@ -297,15 +298,8 @@ def load_state(path: Path) -> GuardState:
 def save_state(path: Path, state: GuardState) -> None:
     """Write atomically: a crash mid-write leaves the previous state."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(state_to_json(state), handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(state_to_json(state), indent=1, sort_keys=True) + "\n"
+    atomic.write_atomic(path, text.encode("utf-8"), mode=0o600)
 
 
 # ---------------------------------------------------------------------------------------------------------------
