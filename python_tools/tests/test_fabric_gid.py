@@ -1,4 +1,4 @@
-"""GID index auto-resolution (RECIPE.md, "GID index auto-resolution") on fake sysfs trees of a GB10 pair node."""
+"""GID index auto-resolution (twinspark/fabric/gid.py, docs/FABRIC.md) on fake sysfs trees of a GB10 pair node."""
 
 from __future__ import annotations
 

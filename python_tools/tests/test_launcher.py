@@ -33,7 +33,7 @@ def dry_run(capsys, *files: Path, extra_args: tuple[str, ...] = ("--skip-gid",))
 
 
 def gb10_expected(rank: int, master: str = "192.0.2.1") -> list[str]:
-    """RECIPE.md's fixed flag list plus the knobs at their defaults, flag by flag."""
+    """The published two-Spark configuration's fixed flags plus the knobs at their defaults, flag by flag."""
     return [
         "serve", "deepseek-ai/DeepSeek-V4-Flash-0731",
         "--tensor-parallel-size", "2",

@@ -1,8 +1,9 @@
 """The nvidia_driver role's own tasks, run by ansible-playbook on localhost with facts supplied.
 
-Nothing on this host is changed: the playbook (playbooks/nvidia_driver_decisions.yml) runs only the role's decision
-and rendering tasks, renders the repository's sources file into a temporary directory, feeds the verdict tasks the
-handshaped_nvidia_smi_* fixtures in place of a GPU, and runs the whole role in skip mode.
+Nothing on this host is changed: the playbook (python_tools/tests/playbooks/nvidia_driver_decisions.yml) runs
+only the role's decision and rendering tasks, renders the repository's sources file into a temporary directory,
+feeds the verdict tasks the handshaped_nvidia_smi_* fixtures in place of a GPU, and runs the whole role in skip
+mode.
 """
 
 from __future__ import annotations

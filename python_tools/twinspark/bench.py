@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 
 from twinspark import netguard
 
-# RECIPE.md, "Published figures to beat": DeepSeek-V4-Flash-0731, TP=2 on two DGX Sparks.
+# Figures published for DeepSeek-V4-Flash-0731 at TP=2 on two DGX Sparks, the numbers a gb10 pair should reach
+# (docs/OPERATIONS.md, "`twinspark bench`").
 PUBLISHED_GB10 = {
     1: {"decode_tok_s_per_stream": (62.0, 83.0)},
     6: {"aggregate_tok_s": (162.0, 191.0)},
@@ -222,7 +223,7 @@ def table(levels: Sequence[LevelResult], profile: str) -> str:
     header = ["c", "requests", "failed", "prompt tok", "TTFT mean s", "TTFT max s", "decode tok/s/stream",
               "aggregate tok/s"]
     if profile == "gb10":
-        header.append("published (RECIPE.md, 2x Spark)")
+        header.append("published (2x Spark)")
     rows = [header]
     for level in levels:
         row = [str(level.concurrency), str(level.requests), str(level.failed), _fmt(level.prompt_tokens, 0),

@@ -25,12 +25,13 @@ from typing import Any
 
 from twinspark import atomic
 
-# The checkpoint and commit the reference recipe was tested with (RECIPE.md, "Model, thinking..."). Leaving the
+# The checkpoint and commit the published two-Spark configuration was measured with. Leaving the
 # revision unset pins to it; setting it to the empty string follows the hub's default branch.
 PINNED_REPO_ID = "deepseek-ai/DeepSeek-V4-Flash-0731"
 PINNED_REVISION = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 
-# huggingface_hub's defaults (10 s) time out against a busy hub on a 150 GB snapshot; these are the recipe's values.
+# huggingface_hub's defaults (10 s) time out against a busy hub on a 150 GB snapshot; these are the values the
+# published configuration used.
 DOWNLOAD_TIMEOUT_S = 120
 ETAG_TIMEOUT_S = 30
 DEFAULT_HF_HOME = "/var/lib/twinspark/hf"

@@ -1,14 +1,14 @@
 """Keep the two vLLM ranks serving as one pair: notice a half pair and restart both ranks in order.
 
-vLLM does not heal a TP=2 pair by itself (SIM.md, "Fault behaviour"): a rank that loses its peer exits with
-status 0 (so `Restart=on-failure` never fires), the headless worker outlives a dead head forever, an idle head
-keeps answering /health after its worker died, and restarting one side alone hangs in the rendezvous. So the head
-runs `twinspark pair guard` from `twinspark-pair-guard.timer`; each run looks at both units (the worker's over
-SSH, through a key that may only ask for `state`, `stop` and `start`) and at a real one-token generation, and
-when the pair is broken restarts both ranks in the one order that works: stop head, stop worker, start worker,
-start head, then wait until the head serves again. Restarts are bounded: backoff between attempts, and after
-`max_attempts` failed restarts in a row the guard gives up loudly (journal at error priority, the state file,
-exit 1) until an operator restarts the pair (playbooks/restart.yml, or `twinspark pair reset`).
+vLLM does not heal a TP=2 pair by itself (roles/vllm_service/README.md has the table of faults): a rank that
+loses its peer exits with status 0 (so `Restart=on-failure` never fires), the headless worker outlives a dead head
+forever, an idle head keeps answering /health after its worker died, and restarting one side alone hangs in the
+rendezvous. So the head runs `twinspark pair guard` from `twinspark-pair-guard.timer`; each run looks at both
+units (the worker's over SSH, through a key that may only ask for `state`, `stop` and `start`) and at a real
+one-token generation, and when the pair is broken restarts both ranks in the one order that works: stop head, stop
+worker, start worker, start head, then wait until the head serves again. Restarts are bounded: backoff between
+attempts, and after `max_attempts` failed restarts in a row the guard gives up loudly (journal at error priority,
+the state file, exit 1) until an operator restarts the pair (playbooks/restart.yml, or `twinspark pair reset`).
 
 The rules (`assess`, `decide`, `after_restart`) are pure functions over plain data; systemctl, SSH and HTTP sit
 in `Pair`, which the rules never see.
@@ -38,7 +38,7 @@ RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset
 
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
 TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
-# What the worker's forced SSH command accepts (roles/vllm_service/templates/peer-control.sh.j2).
+# What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2).
 PEER_VERBS = ("state", "stop", "start")
 
 
@@ -231,7 +231,8 @@ def probe_host(bind: str) -> str:
 def api_from_env(env: Mapping[str, str]) -> Api:
     """The head's API as its env files describe it (VLLM_HOST, VLLM_PORT, SERVED_MODEL_NAME, MAX_MODEL_LEN, keys).
 
-    Probes send the first key (RECIPE.md); the key is kept out of repr() and never logged.
+    Probes send the first key, as the health check and the launcher do (roles/vllm_service/README.md); the key
+    is kept out of repr() and never logged.
     """
     port = int(str(env.get("VLLM_PORT") or "8888"), 10)
     keys = (env.get("VLLM_API_KEY") or "").split() or (env.get("DSPARK_API_KEYS") or "").split()

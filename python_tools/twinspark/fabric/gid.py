@@ -2,7 +2,7 @@
 
 The rules are pure functions over ``PortInfo`` records and an address mapping; ``resolve_gid_index`` is the entry
 point that reads sysfs and applies them. It runs on each node at every vLLM start, because the index differs per node
-and can move after a reboot (RECIPE.md, "GID index auto-resolution").
+and can move after a reboot (docs/FABRIC.md).
 
 Rules:
 
