@@ -31,18 +31,24 @@ ALLOWED: dict[str, str] = {
 }
 
 
-def _files() -> list[Path]:
+def _walk(repo: Path = REPO) -> list[Path]:
+    """Every file and directory of the repository, without VCS, venv, caches and build output."""
     found = []
-    stack = [REPO]
-    this = Path(__file__).resolve()
+    stack = [repo]
     while stack:
         for entry in sorted(stack.pop().iterdir()):
-            if entry.is_dir():
-                if entry.name not in SKIP_DIRS and not entry.name.endswith(".egg-info"):
-                    stack.append(entry)
-            elif entry.suffix in {".md", ".py", ".yml", ".yaml", ".j2"} and entry.resolve() != this:
-                found.append(entry)
+            found.append(entry)
+            if entry.is_dir() and not entry.is_symlink() and entry.name not in SKIP_DIRS \
+                    and not entry.name.endswith(".egg-info"):
+                stack.append(entry)
     return found
+
+
+def _files() -> list[Path]:
+    """The files whose prose is checked (this file aside: it names missing files on purpose)."""
+    this = Path(__file__).resolve()
+    return [p for p in _walk() if p.is_file() and p.suffix in {".md", ".py", ".yml", ".yaml", ".j2"}
+            and p.resolve() != this]
 
 
 def python_prose(text: str) -> str:
@@ -93,7 +99,7 @@ def mention_exists(mention: str, repo: Path = REPO, names: frozenset[str] | None
 
 
 def _names(repo: Path) -> frozenset[str]:
-    return frozenset(p.name for p in repo.rglob("*") if not SKIP_DIRS & set(p.relative_to(repo).parts))
+    return frozenset(p.name for p in _walk(repo))
 
 
 def mentions(prose: str) -> set[str]:
