@@ -1,0 +1,287 @@
+"""The pair guard's stall rules: vLLM's counters on /metrics tell a frozen pair from a busy one.
+
+Timelines here imitate the guard's timer (a run every `INTERVAL` s after the previous one ended, a timed-out probe
+lasting the short probe timeout) with plain numbers; the real pair is frozen by molecule/default/faults/stall.yml.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from twinspark import pairguard as pg
+from twinspark.health import gather
+from twinspark.pairguard import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+
+POLICY = Policy(stall_window_s=30, short_probe_timeout_s=15, timeout_strikes=3, startup_grace_s=600)
+INTERVAL = 20.0  # vllm_service_guard_interval_s
+HEAD_AGE = 4000.0  # the head's unit has been active this long
+T0 = 1_000_000.0
+RECORDED = Path(__file__).parent / "fixtures" / "health" / "recorded_vllm_cpu_0_32_metrics.txt"
+
+
+def counted(at: float, running: float, tokens: float, kv: float = 0.1) -> Sample:
+    return Sample(at=at, running=running, tokens=tokens, kv=kv)
+
+
+UNREACHABLE = dict(error="no answer within the timeout", unreachable=True)
+
+
+def served(at: float) -> GuardState:
+    """A pair the guard has seen serve at `at` (and nothing else yet)."""
+    return GuardState(served_at=at)
+
+
+def run(state: GuardState, now: float, probe: Probe, samples: tuple[Sample, ...], age: float = HEAD_AGE):
+    obs = Observation("active", "active", probe, "no token within 15 s" if probe is Probe.TIMEOUT else "",
+                      head_active_for_s=age, samples=samples)
+    return pg.decide(obs, state, POLICY, now)
+
+
+# --- the metric names vLLM really exports -----------------------------------------------------------------------
+
+
+def test_recorded_vllm_metrics_carry_the_counters_the_guard_watches():
+    metrics = gather.parse_vllm_metrics(RECORDED.read_text())
+    assert (metrics["generation_tokens"], metrics["prompt_tokens"]) == (1.0, 2.0)
+    sample = pg.sample_from_metrics(metrics, T0)
+    assert (sample.running, sample.tokens, sample.counted, sample.error) == (0.0, 3.0, True, "")
+
+
+def test_metrics_without_vllms_counters_are_not_counted_and_say_why():
+    sample = pg.sample_from_metrics(gather.parse_vllm_metrics("# TYPE up gauge\nup 1\n"), T0)
+    assert not sample.counted and not sample.unreachable
+    assert "vllm:num_requests_*" in sample.error
+
+
+def test_a_closed_metrics_port_is_unreachable():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    metrics = gather.read_metrics(f"http://127.0.0.1:{port}", 2)
+    sample = pg.sample_from_metrics(metrics, T0)
+    assert sample.unreachable and not sample.counted
+    assert sample.error
+
+
+# --- frozen: requests running, counters flat --------------------------------------------------------------------
+
+
+def test_frozen_pair_under_load_is_restarted_once_the_counters_stay_flat_for_the_window():
+    # Tokens flow until the freeze at T0 + 5; the timer keeps running, every timed-out probe takes 15 s.
+    state, now, tokens, freeze = served(T0 - 10), T0, 5000.0, T0 + 5
+    restarted_at = None
+    for _ in range(10):
+        first = counted(now, 6, tokens if now >= freeze else tokens + (now - T0) * 40)
+        plan = pg.probe_plan(first, pg.track(state.progress, (first,), POLICY), True, POLICY, 120)
+        if plan is None:  # the counters already show the stall: no probe needed
+            decision = run(state, now, Probe.SKIPPED, (first,))
+        else:
+            assert plan == POLICY.short_probe_timeout_s
+            second = counted(now + plan, 6, first.tokens if now >= freeze else first.tokens + 600)
+            decision = run(state, now + plan, Probe.TIMEOUT, (first, second))
+        state = decision.state
+        if decision.action is Action.RESTART:
+            restarted_at = now
+            break
+        assert decision.action in (Action.NONE, Action.WAIT)
+        now += (plan or 0) + INTERVAL
+    assert restarted_at is not None
+    assert "stalled" in decision.reason and "6 request(s) running" in decision.reason
+    # noticed within one window plus one timer interval and one probe of the freeze: the issue's goal is 60 s
+    assert restarted_at - freeze <= POLICY.stall_window_s + INTERVAL + POLICY.short_probe_timeout_s
+
+
+def test_counters_flat_for_less_than_the_window_wait_without_counting_strikes():
+    state = served(T0 - 100)
+    decision = run(state, T0 + 15, Probe.TIMEOUT, (counted(T0, 3, 900), counted(T0 + 15, 3, 900)))
+    assert (decision.verdict, decision.action) == (Verdict.SUSPECT, Action.WAIT)
+    assert decision.state.timeout_strikes == 0
+    assert "unchanged for 15 s of the 30 s" in decision.reason
+
+
+def test_a_request_that_arrived_between_two_runs_is_not_timed_from_before_it():
+    # idle at T0 with counter 900; at T0 + 40 a long prompt is being prefilled (running 1, counter still 900)
+    state = run(served(T0 - 10), T0, Probe.OK, (counted(T0, 0, 900),)).state
+    later = run(state, T0 + 40, Probe.TIMEOUT, (counted(T0 + 40, 1, 900), counted(T0 + 55, 1, 900)))
+    assert later.action is Action.WAIT
+    assert later.state.progress.flat_for() == 15
+
+
+def test_a_saved_sample_older_than_the_limit_is_not_compared_with():
+    old = Progress(at=T0 - 1000, tokens=900, kv=0.1, running=2, moved=False, flat_since=T0 - 1000)
+    progress = pg.track(old, (counted(T0, 2, 900),), POLICY)
+    assert progress.moved is None and progress.flat_for() == 0
+    assert not pg.stalled(progress, POLICY)
+
+
+def test_counters_that_went_down_mean_vllm_restarted_not_progress():
+    old = Progress(at=T0 - 20, tokens=900, kv=0.1, running=2, moved=True, flat_since=None)
+    progress = pg.track(old, (counted(T0, 2, 12),), POLICY)
+    assert progress.moved is None and progress.tokens == 12
+
+
+# --- busy: the probe times out but tokens flow ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("per_run", [1.0, 37.0, 5000.0])
+def test_busy_pair_whose_probe_always_times_out_is_never_restarted(per_run):
+    # 500 runs (about 3 hours of timer) of a saturated pair: every probe times out, the counter keeps moving,
+    # sometimes by a single token between two samples.
+    state, now, tokens = GuardState(), T0, 10_000.0
+    for _ in range(500):
+        first = counted(now, 6, tokens)
+        plan = pg.probe_plan(first, pg.track(state.progress, (first,), POLICY), True, POLICY, 120)
+        assert plan is not None
+        tokens += per_run
+        second = counted(now + plan, 6, tokens)
+        decision = run(state, now + plan, Probe.TIMEOUT, (first, second))
+        assert decision.action is Action.NONE, decision.reason
+        assert decision.verdict is Verdict.HEALTHY and "busy" in decision.reason
+        state = decision.state
+        tokens += per_run
+        now += plan + INTERVAL
+    assert state.timeout_strikes == 0
+
+
+def test_a_long_chunked_prefill_moves_the_kv_cache_and_counts_as_progress():
+    state = served(T0 - 10)
+    decision = run(state, T0 + 15, Probe.TIMEOUT, (counted(T0, 1, 900, kv=0.20), counted(T0 + 15, 1, 900, kv=0.35)))
+    assert decision.verdict is Verdict.HEALTHY
+
+
+# --- idle: nothing running, the short probe times out -----------------------------------------------------------
+
+
+def test_idle_pair_whose_probe_times_out_and_metrics_do_not_answer_is_broken_at_once():
+    state = served(T0 - 25)
+    samples = (Sample(T0, **UNREACHABLE), Sample(T0 + 15, **UNREACHABLE))
+    assert pg.probe_plan(samples[0], None, True, POLICY, 120) == 15  # not 120 s, and not three times
+    decision = run(state, T0 + 15, Probe.TIMEOUT, samples)
+    assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
+    assert "/metrics does not answer" in decision.reason
+
+
+def test_idle_pair_whose_probe_times_out_with_flat_counters_is_broken_at_once():
+    decision = run(served(T0 - 25), T0 + 15, Probe.TIMEOUT, (counted(T0, 0, 900), counted(T0 + 15, 0, 900)))
+    assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
+    assert "idle" in decision.reason and "frozen" in decision.reason
+
+
+def test_a_young_pair_that_never_served_gets_the_long_probe_and_strikes_for_its_first_generation():
+    # The first generation after a start compiles kernels; vLLM's counters do not move meanwhile.
+    state = served(T0 - 5000)  # served before the head's latest start (active for 60 s)
+    first = counted(T0, 0, 0)
+    assert pg.probe_plan(first, None, pg.warm(state.served_at, 60, T0), POLICY, 120) == 120
+    decision = run(state, T0 + 120, Probe.TIMEOUT, (first, counted(T0 + 120, 0, 0)), age=60)
+    assert (decision.verdict, decision.action) == (Verdict.SUSPECT, Action.WAIT)
+    assert decision.state.timeout_strikes == 1
+
+
+def test_metrics_unreachable_while_the_probe_answers_is_healthy():
+    decision = run(served(T0 - 25), T0 + 1, Probe.OK, (Sample(T0, **UNREACHABLE),))
+    assert (decision.verdict, decision.action) == (Verdict.HEALTHY, Action.NONE)
+    assert decision.state.served_at == T0 + 1
+
+
+def test_metrics_without_counters_fall_back_to_the_long_probe_and_strikes():
+    bare = Sample(T0, error="no vllm:num_requests_* metrics in the answer (is this vLLM?)")
+    assert pg.probe_plan(bare, None, True, POLICY, 120) == 120
+    state = served(T0 - 25)
+    actions = []
+    for i in range(3):
+        decision = run(state, T0 + 140 * i, Probe.TIMEOUT, (bare,))
+        actions.append(decision.action)
+        state = decision.state
+    assert actions == [Action.WAIT, Action.WAIT, Action.RESTART]
+
+
+# --- the state file and a restart -------------------------------------------------------------------------------
+
+
+def test_progress_survives_the_state_file(tmp_path):
+    path = tmp_path / "state.json"
+    state = GuardState(progress=Progress(T0, 900.0, None, 2.0, False, T0 - 12), served_at=T0 - 40)
+    pg.save_state(path, state)
+    assert pg.load_state(path) == state
+
+
+def test_a_state_file_from_before_stall_detection_still_loads(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text('{"attempts": [], "failures_in_row": 2, "timeout_strikes": 1, "gave_up_at": null}')
+    state = pg.load_state(path)
+    assert (state.failures_in_row, state.progress, state.served_at) == (2, None, None)
+
+
+def test_a_restart_forgets_the_counters_of_the_processes_it_replaced():
+    state = GuardState(progress=Progress(T0, 900.0, 0.1, 2.0, False, T0 - 40), served_at=T0 - 60)
+    after = pg.after_restart(state, T0, True, "stalled -> serving", POLICY, finished_at=T0 + 70)
+    assert (after.progress, after.served_at) == (None, T0 + 70)
+    failed = pg.after_restart(state, T0, False, "stalled -> not serving", POLICY, finished_at=T0 + 70)
+    assert (failed.progress, failed.served_at) == (None, None)
+
+
+# --- the I/O order of one run -----------------------------------------------------------------------------------
+
+
+class ScriptedPair(pg.Pair):
+    """Both units active; /metrics and the probe answer from scripts, recording what was asked and when."""
+
+    def __init__(self, samples, probe):
+        super().__init__(api=pg.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"])
+        self.samples = list(samples)
+        self.answer = probe
+        self.calls: list[str] = []
+
+    def head_props(self):
+        return {"ActiveState": "active", "ActiveEnterTimestampMonotonic": "1"}
+
+    def worker(self, verb):
+        return "active"
+
+    def sample(self, timeout_s):
+        self.calls.append("metrics")
+        return self.samples.pop(0)
+
+    def probe(self, timeout_s):
+        self.calls.append(f"probe {timeout_s:.0f}")
+        return self.answer, "no token within the timeout"
+
+
+def test_one_run_reads_metrics_probes_short_and_reads_metrics_again_after_a_timeout():
+    pair = ScriptedPair([counted(T0, 0, 900), counted(T0 + 15, 0, 900)], Probe.TIMEOUT)
+    import time
+
+    obs = pair.observe(120, POLICY, served(time.time() - 1))
+    assert pair.calls == ["metrics", "probe 15", "metrics"]
+    assert len(obs.samples) == 2
+
+
+def test_one_run_skips_the_probe_when_the_saved_counters_already_show_a_stall():
+    stuck = Progress(T0 - 20, 900.0, 0.1, 4.0, False, T0 - 35)
+    pair = ScriptedPair([counted(T0, 4, 900)], Probe.OK)
+    obs = pair.observe(120, POLICY, GuardState(progress=stuck))
+    assert pair.calls == ["metrics"]
+    assert pg.decide(obs, GuardState(progress=stuck), POLICY, T0).action is Action.RESTART
+
+
+def test_without_a_policy_a_run_is_the_units_and_the_probe_as_before():
+    pair = ScriptedPair([], Probe.OK)
+    obs = pair.observe(120)
+    assert pair.calls == ["probe 120"] and obs.samples == ()
+
+
+def test_guard_and_check_accept_the_stall_knobs():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    pg.register(parser.add_subparsers())
+    args = parser.parse_args(["pair", "check", "--worker", "10.0.0.2", "--stall-window", "45",
+                              "--short-probe-timeout", "10", "--metrics-timeout", "3", "--probe-timeout", "90"])
+    args.startup_grace = 600
+    policy = pg._policy_from_args(args)
+    assert (policy.stall_window_s, policy.short_probe_timeout_s, policy.metrics_timeout_s) == (45, 10, 3)
+    defaults = parser.parse_args(["pair", "guard", "--worker", "10.0.0.2"])
+    assert (defaults.stall_window, defaults.short_probe_timeout, defaults.probe_timeout) == (30.0, 15.0, 120.0)
