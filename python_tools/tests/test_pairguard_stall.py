@@ -285,3 +285,21 @@ def test_guard_and_check_accept_the_stall_knobs():
     assert (policy.stall_window_s, policy.short_probe_timeout_s, policy.metrics_timeout_s) == (45, 10, 3)
     defaults = parser.parse_args(["pair", "guard", "--worker", "10.0.0.2"])
     assert (defaults.stall_window, defaults.short_probe_timeout, defaults.probe_timeout) == (30.0, 15.0, 120.0)
+
+
+def test_a_head_whose_api_hangs_entirely_is_a_timeout_and_with_metrics_silent_broken():
+    # e.g. the head's processes frozen: /v1/models, the generation and /metrics all accept and never answer
+    hung = {"error": "no answer within the timeout", "elapsed": 15.0}
+    api = pg.Api("http://127.0.0.1:8888", "tiny", 512)
+    probe, detail = pg.classify_probe({"models": hung, "generate": hung}, api, 15)
+    assert probe is Probe.TIMEOUT and "/v1/models" in detail
+    obs = Observation("active", "active", probe, detail, HEAD_AGE, (Sample(T0, **UNREACHABLE),
+                                                                    Sample(T0 + 15, **UNREACHABLE)))
+    assert pg.decide(obs, served(T0 - 20), POLICY, T0 + 15).action is Action.RESTART
+
+
+def test_a_starting_head_that_refuses_connections_is_still_not_ready():
+    refused = {"error": "ConnectionError: Connection refused"}
+    api = pg.Api("http://127.0.0.1:8888", "tiny", None)
+    probe, _ = pg.classify_probe({"models": refused, "generate": refused}, api, 15)
+    assert probe is Probe.NOT_READY

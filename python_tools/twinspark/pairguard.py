@@ -404,12 +404,17 @@ def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeou
     """The health tools' answers from the head's API (`gather_pair`) -> what the guard makes of them.
 
     Judged with the health checks themselves (twinspark.health.checks): the model not listed means not ready; a
-    generation without an answer in time is a timeout (maybe only busy); any other failed generation is an error.
+    generation without an answer in time is a timeout (maybe only busy), and so is a /v1/models that accepted the
+    connection but did not answer in time (a starting head refuses connections; one that hangs does not); any
+    other failed generation is an error.
     """
     from twinspark.health import checks
 
-    listed = checks.check_models(results.get("models") or {}, api.served_name, api.max_model_len)
+    models = results.get("models") or {}
+    listed = checks.check_models(models, api.served_name, api.max_model_len)
     if listed.status == checks.FAILED:
+        if "within the timeout" in str(models.get("error") or ""):
+            return Probe.TIMEOUT, listed.message
         return Probe.NOT_READY, listed.message
     generated = results.get("generate") or {}
     live = checks.check_liveness(generated, timeout_s)
