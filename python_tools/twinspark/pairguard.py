@@ -796,6 +796,11 @@ def cmd_state(args: argparse.Namespace) -> int:
         print(f"reason:          {last.get('reason', '-')}")
         print(f"failed in a row: {state.failures_in_row}")
         print(f"gave up:         {state.gave_up_reason or 'no'}")
+        progress = state.progress
+        if progress is not None:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress.at))
+            flat = f", unchanged for {progress.flat_for():.0f} s" if progress.flat_since is not None else ""
+            print(f"vLLM counters:   {stamp}: {_counters(progress)}{flat}")
         for attempt in state.attempts[-5:]:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(attempt.at))
             print(f"restart {stamp}  {'ok    ' if attempt.ok else 'FAILED'}  {attempt.reason}")
