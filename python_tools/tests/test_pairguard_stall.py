@@ -155,6 +155,19 @@ def test_busy_pair_whose_probe_always_times_out_is_never_restarted(per_run):
     assert state.timeout_strikes == 0
 
 
+def test_an_idle_pair_whose_running_gauge_stays_up_is_never_restarted_while_its_probe_answers():
+    # Should /metrics keep reporting requests running with flat counters while the pair idles, the probe that
+    # answers proves the engine works: the stretch is timed again from the next sample, never skipped into a stall.
+    state, now = served(T0 - 10), T0
+    for _ in range(100):
+        first = counted(now, 3, 900)
+        plan = pg.probe_plan(first, pg.track(state.progress, (first,), POLICY), True, POLICY, 120)
+        assert plan == POLICY.short_probe_timeout_s
+        decision = run(state, now + 1, Probe.OK, (first,))
+        assert decision.action is Action.NONE
+        state, now = decision.state, now + 1 + INTERVAL
+
+
 def test_a_long_chunked_prefill_moves_the_kv_cache_and_counts_as_progress():
     state = served(T0 - 10)
     decision = run(state, T0 + 15, Probe.TIMEOUT, (counted(T0, 1, 900, kv=0.20), counted(T0 + 15, 1, 900, kv=0.35)))

@@ -305,6 +305,9 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
 def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> Decision:
     """What to do about the pair, given what was seen and what the guard did before."""
     progress = track(state.progress, obs.samples, policy)
+    if obs.probe is Probe.OK and progress is not None:
+        # A token came back: whatever the gauges say, the engine works; a flat stretch starts again from here.
+        progress = replace(progress, flat_since=None)
     verdict, reason = assess(obs, policy, progress, warm(state.served_at, obs.head_active_for_s, now))
     served = obs.probe is Probe.OK or bool(progress is not None and progress.moved)
     state = replace(state, progress=progress, served_at=now if served else state.served_at)
