@@ -334,3 +334,157 @@ def test_state_command_shows_the_counters_the_guard_compares_with(tmp_path, caps
     pg.save_state(path, GuardState(progress=Progress(T0, 900.0, 0.1, 2.0, False, T0 - 12)))
     assert cli.main(["pair", "state", "--state-file", str(path)]) == 0
     assert "2 request(s) running, token counter at 900, unchanged for 12 s" in capsys.readouterr().out
+
+
+# --- whole guard runs through the CLI: a stand-in vLLM API on loopback, systemctl/SSH and the restart replaced ---
+
+METRICS_TEMPLATE = RECORDED.read_text()
+
+
+class StandInVllm:
+    """Serves /metrics (the recorded vLLM text with the running gauge and generation counter set by the test),
+    /v1/models, and a one-token generation that answers at once or hangs for `hang_s`."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.running, self.tokens, self.step = 0, 1, 0  # step: added to the counter at every /metrics read
+        self.hang_s, self.metrics_status = 0.0, 200
+        self.generations = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, body, kind="application/json"):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/metrics":
+                    if outer.metrics_status != 200:
+                        return self._send(outer.metrics_status, "{}")
+                    outer.tokens += outer.step
+                    text = (METRICS_TEMPLATE
+                            .replace('vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+                                     f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {outer.running}.0')
+                            .replace('vllm:generation_tokens_total{engine="0",model_name="tiny"} 1.0',
+                                     f'vllm:generation_tokens_total{{engine="0",model_name="tiny"}} {outer.tokens}.0'))
+                    return self._send(200, text, "text/plain; version=0.0.4")
+                if self.path == "/v1/models":
+                    return self._send(200, '{"data": [{"id": "tiny", "max_model_len": 512}]}')
+                return self._send(404, "{}")
+
+            def do_POST(self):
+                import time
+
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.generations += 1
+                if outer.hang_s:
+                    time.sleep(outer.hang_s)
+                self._send(200, '{"choices": [{"text": "!"}], "usage": {"completion_tokens": 1}}')
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.port = self.server.server_address[1]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def guarded(tmp_path, monkeypatch):
+    """(stand-in API, run the guard once -> (exit code, its JSON), restarts asked for, state file)."""
+    import json
+
+    from twinspark import cli
+
+    vllm = StandInVllm()
+    env = tmp_path / "serve.env"
+    env.write_text(f"VLLM_HOST=127.0.0.1\nVLLM_PORT={vllm.port}\nSERVED_MODEL_NAME=tiny\nMAX_MODEL_LEN=512\n")
+    state_file = tmp_path / "state.json"
+    restarts: list[str] = []
+    monkeypatch.setattr(pg.Pair, "head_props",
+                        lambda self: {"ActiveState": "active", "ActiveEnterTimestampMonotonic": "1"})
+    monkeypatch.setattr(pg.Pair, "worker", lambda self, verb: "active")
+    probe = pg.Pair.probe
+
+    def timed_probe(self, timeout_s):
+        vllm.probe_timeouts.append(timeout_s)
+        return probe(self, timeout_s)
+
+    vllm.probe_timeouts = []
+    monkeypatch.setattr(pg.Pair, "probe", timed_probe)
+
+    def fake_restart(pair, ready_timeout_s, probe_timeout_s):
+        restarts.append("ordered restart")
+        return True, "serving again 1 s after the head started (one token)"
+
+    monkeypatch.setattr(pg, "ordered_restart", fake_restart)
+
+    def run_json(capsys):
+        argv = ["pair", "guard", "--env", str(env), "--worker", "127.0.0.1", "--state-file", str(state_file),
+                "--short-probe-timeout", "0.3", "--metrics-timeout", "2", "--stall-window", "30", "--json"]
+        code = cli.main(argv)
+        return code, json.loads(capsys.readouterr().out)
+
+    yield vllm, run_json, restarts, state_file
+    vllm.close()
+
+
+def test_guard_cli_frozen_under_load_skips_the_probe_and_restarts(guarded, capsys):
+    import time
+
+    vllm, run_json, restarts, state_file = guarded
+    vllm.running, vllm.tokens = 6, 4242
+    kv = gather.parse_vllm_metrics(RECORDED.read_text())["kv_cache_usage"]
+    now = time.time()
+    # the previous run (20 s ago) saw the same counters: 4242 generated + 2 prefilled tokens, flat for 20 s already
+    pg.save_state(state_file, GuardState(progress=Progress(now - 20, 4244.0, kv, 6.0, False, now - 40),
+                                         served_at=now - 60))
+    code, seen = run_json(capsys)
+    assert code == 0 and restarts == ["ordered restart"]
+    assert seen["action"] == "restart" and "stalled" in seen["reason"]
+    assert vllm.generations == 0  # the saved counters already showed the stall
+    state = pg.load_state(state_file)
+    assert state.progress is None and "stalled" in state.attempts[-1].reason
+
+
+def test_guard_cli_busy_pair_with_hanging_probes_is_never_restarted(guarded, capsys):
+    vllm, run_json, restarts, state_file = guarded
+    vllm.running, vllm.step, vllm.hang_s = 6, 7, 1.0
+    for _ in range(4):
+        code, seen = run_json(capsys)
+        assert code == 0 and seen["action"] == "none", seen["reason"]
+    assert "busy" in seen["reason"] and "timed out" in seen["reason"]
+    assert restarts == [] and vllm.generations == 4
+
+
+def test_guard_cli_idle_pair_that_served_and_now_hangs_is_restarted_after_one_short_probe(guarded, capsys):
+    vllm, run_json, restarts, state_file = guarded
+    code, seen = run_json(capsys)  # serving: the guard notes when
+    assert seen["verdict"] == "healthy" and pg.load_state(state_file).served_at is not None
+    vllm.hang_s = 1.0  # frozen: the generation never answers in time, the idle counters stay put
+    code, seen = run_json(capsys)
+    assert seen["action"] == "restart" and "frozen" in seen["reason"], seen["reason"]
+    assert restarts == ["ordered restart"]
+    # the first look, before the pair had served, allowed the long probe; the frozen one got the short one, once
+    assert vllm.probe_timeouts == [120.0, 0.3]
+    assert [s["running"] for s in seen["observation"]["samples"]] == [0.0, 0.0]
+
+
+def test_guard_cli_metrics_failing_while_the_probe_answers_is_healthy(guarded, capsys):
+    vllm, run_json, restarts, state_file = guarded
+    vllm.metrics_status = 500
+    code, seen = run_json(capsys)
+    assert (code, seen["verdict"], seen["action"]) == (0, "healthy", "none")
+    assert seen["observation"]["samples"][0]["unreachable"] is True
+    assert restarts == []
