@@ -21,8 +21,6 @@ from pathlib import Path
 
 from twinspark import settings
 from twinspark.settings import Registry
-# The head's API keys travel to vLLM in this variable, never in argv (/proc/PID/cmdline is world-readable);
-# twinspark.vllm_entry removes it from the environment before vLLM starts any other process.
 from twinspark.vllm_entry import API_KEYS_ENV
 
 EXIT_RUNTIME = 1
@@ -32,6 +30,8 @@ REDACTED = "<redacted>"
 # -I (isolated mode): neither the working directory nor PYTHON* variables nor a user site-packages reach sys.path,
 # so no directory the serving account can write decides what code vLLM runs.
 VLLM_ENTRY = ("-I", "-m", "twinspark.vllm_entry", "serve")
+# The head's API keys travel to vLLM in API_KEYS_ENV, never in argv (/proc/PID/cmdline is world-readable);
+# twinspark.vllm_entry removes it from the environment before vLLM starts any other process.
 
 
 @dataclass
