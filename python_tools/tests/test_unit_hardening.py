@@ -99,9 +99,19 @@ def test_guard_and_health_hold_no_capability_and_health_is_unprivileged(rendered
 
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])
 def test_firewall_takes_the_peer_only_over_the_fabric_interface(rendered, profile):
-    table = _unit(rendered, profile, 0, "firewall.nft")
+    table = _unit(rendered, profile, 0, "twinspark.nft")
     peer = re.search(r"^\s*iifname \{ (.+) \} ip saddr (\S+) accept", table, re.M)
     assert peer, table
     assert peer.group(1) == ('"ic0"' if profile == "cpu" else '"enp1s0f0np0"')
+    if profile == "cpu":  # the inventory's own value, not the role default (rendered with the inventory's precedence)
+        assert re.search(r"elements = \{ 127\.0\.0\.0/8, 10\.78\.0\.0/24 \}", table), table
     internal = re.search(r"^\s*tcp dport \{ (.+) \} counter drop comment \"rendezvous", table, re.M).group(1)
     assert internal.split(", ") == ["25000", "32768-60999"]
+
+
+def test_the_model_copy_key_runs_rrsync_rooted_at_the_model_copy(rendered):
+    forced = _unit(rendered, "cpu", 1, "twinspark-model-receive")
+    assert "/usr/bin/rrsync -wo -no-del -munge /var/lib/twinspark/models/tiny-llama\n" in forced
+    assert "find /var/lib/twinspark/models/tiny-llama -xdev ! -type l -perm /6000 -exec chmod ug-s {} +" in forced
+    hub = _unit(rendered, "gb10", 1, "twinspark-model-receive")
+    assert re.search(r"^/usr/bin/rrsync -wo -no-del /var/lib/twinspark/hf/hub/models--\S+$", hub, re.M), hub
