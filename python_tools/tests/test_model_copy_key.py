@@ -36,8 +36,7 @@ def _render_forced_command(copy: Path, munge: bool, out: Path) -> Path:
     environment.filters["quote"] = lambda text: "'" + str(text).replace("'", "'\\''") + "'"
     text = environment.from_string(source).render(
         ansible_managed="rendered by the test", model_cache_fabric_user=RECEIVER, model_cache_sync_root=str(copy),
-        model_cache_receive_munge=munge)
-    text = text.replace("/usr/bin/rrsync", RRSYNC)
+        model_cache_receive_munge=munge, model_cache_rrsync=RRSYNC)
     out.write_text(text)
     out.chmod(0o755)
     return out
