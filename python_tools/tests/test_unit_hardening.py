@@ -83,6 +83,9 @@ def test_gb10_unit_allows_the_gpu_and_rdma_device_groups_and_says_why_exposures_
     assert all(name.startswith("char-") for name in allowed), "paths do not glob: device groups only"
     assert re.search(r"^DevicePolicy=closed$", unit, re.M)
     assert "PrivateDevices=yes" not in unit
+    # device nodes made outside the sandbox, before the rank (the setuid helper cannot run inside it)
+    assert re.search(r"^ExecStartPre=-\+/usr/bin/nvidia-modprobe -u -c=0$", unit, re.M)
+    assert "ExecStartPre" not in _unit(rendered, "cpu", 0, "twinspark-vllm.service")
     for kept in ("MemoryDenyWriteExecute=no", "PrivateNetwork=no", "PrivateUsers=no", "@resources"):
         assert re.search(rf"^# Kept: .*{re.escape(kept)}", unit, re.M), kept
 
