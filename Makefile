@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test
+.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test sim-airtight
 
 $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,3 +48,8 @@ demo: setup
 # every playbook run against the pair does.
 sim-test: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name default
+
+# With the pair down, prove no packet for a node can leave this machine: safety-net routes and every tool refusing.
+sim-airtight: setup
+	scripts/sim/down
+	scripts/sim/check-airtight

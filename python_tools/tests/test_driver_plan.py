@@ -1,9 +1,9 @@
-"""The nvidia_driver role's decisions, from plain facts (GPU states come from recorded_nvidia_smi_* fixtures)."""
+"""The nvidia_driver role's decisions, from plain facts (GPU states come from handshaped_nvidia_smi_* fixtures)."""
 
 from __future__ import annotations
 
 import pytest
-from recorded_nvidia_smi import parse_recorded
+from handshaped_nvidia_smi import parse_handshaped
 
 from twinspark import driver_plan, gpu
 from twinspark.driver_plan import PlanError
@@ -208,42 +208,42 @@ def test_gpg_fingerprints_reads_primary_keys_only():
     assert driver_plan.gpg_fingerprints(GPG_COLONS) == ["EB693B3035CD5710E231E123A4B469963BF863CC"]
 
 
-def assess_recorded(case, loaded="580.95.05", installed="580.95.05", **overrides):
+def assess_handshaped(case, loaded="580.95.05", installed="580.95.05", **overrides):
     options = {"required_branch": 580, "expected_gpu_name": "NVIDIA GB10", "require_persistence": True}
     options.update(overrides)
     return driver_plan.assess(
-        parse_recorded(case), loaded_module_version=loaded, installed_module_version=installed, **options
+        parse_handshaped(case), loaded_module_version=loaded, installed_module_version=installed, **options
     )
 
 
-def test_recorded_gb10_on_580_with_persistence_passes_verify():
-    assessment = assess_recorded("gb10_driver_580")
+def test_handshaped_gb10_on_580_with_persistence_passes_verify():
+    assessment = assess_handshaped("gb10_driver_580")
     assert assessment.findings == () and not assessment.reboot_required
     assert driver_plan.next_step("verify", assessment, rebooted=False).action == "ok"
 
 
-def test_recorded_old_branch_is_a_finding_naming_the_required_branch():
-    (finding,) = assess_recorded("gb10_driver_575", loaded="575.57.08", installed="575.57.08").findings
+def test_handshaped_old_branch_is_a_finding_naming_the_required_branch():
+    (finding,) = assess_handshaped("gb10_driver_575", loaded="575.57.08", installed="575.57.08").findings
     assert "runs driver 575.57.08, but TwinSpark needs branch 580 or newer (nvidia_driver_branch)" in finding
 
 
-def test_recorded_h100_on_gb10_profile_reports_wrong_gpu_and_old_branch():
-    findings = assess_recorded("h100_driver_570", loaded="570.133.20", installed="570.133.20").findings
+def test_handshaped_h100_on_gb10_profile_reports_wrong_gpu_and_old_branch():
+    findings = assess_handshaped("h100_driver_570", loaded="570.133.20", installed="570.133.20").findings
     assert any("no NVIDIA GB10 visible (nvidia-smi lists 'NVIDIA H100 80GB HBM3')" in f for f in findings)
     assert any("needs branch 580" in f for f in findings)
 
 
-def test_recorded_persistence_off_is_a_finding_pointing_at_nvidia_persistenced():
-    (finding,) = assess_recorded("gb10_persistence_off").findings
+def test_handshaped_persistence_off_is_a_finding_pointing_at_nvidia_persistenced():
+    (finding,) = assess_handshaped("gb10_persistence_off").findings
     assert finding.startswith("persistence mode is off on GPU 0 (NVIDIA GB10)") and "nvidia-persistenced" in finding
 
 
-def test_recorded_persistence_off_passes_when_persistence_is_not_required():
-    assert assess_recorded("gb10_persistence_off", require_persistence=False).findings == ()
+def test_handshaped_persistence_off_passes_when_persistence_is_not_required():
+    assert assess_handshaped("gb10_persistence_off", require_persistence=False).findings == ()
 
 
-def test_recorded_mismatch_needs_a_reboot_install_mode_reboots_it():
-    assessment = assess_recorded("version_mismatch", loaded="580.82.07", installed="580.95.05")
+def test_handshaped_mismatch_needs_a_reboot_install_mode_reboots_it():
+    assessment = assess_handshaped("version_mismatch", loaded="580.82.07", installed="580.95.05")
     assert assessment.reboot_required
     assert any("driver/library version mismatch" in reason for reason in assessment.reboot_reasons)
     assert any("loaded NVIDIA kernel module is 580.82.07 but the one installed" in r for r in assessment.reboot_reasons)
@@ -251,37 +251,37 @@ def test_recorded_mismatch_needs_a_reboot_install_mode_reboots_it():
     assert step.action == "reboot"
 
 
-def test_recorded_mismatch_in_verify_mode_fails_and_says_reboot_without_rebooting():
-    step = driver_plan.next_step("verify", assess_recorded("version_mismatch"), rebooted=False)
+def test_handshaped_mismatch_in_verify_mode_fails_and_says_reboot_without_rebooting():
+    step = driver_plan.next_step("verify", assess_handshaped("version_mismatch"), rebooted=False)
     assert step.action == "fail"
     assert step.message.startswith("this node needs a reboot: nvidia-smi reports a driver/library version mismatch")
     assert "nvidia_driver_mode=verify changes nothing" in step.message
 
 
-def test_recorded_mismatch_after_the_reboot_fails_instead_of_rebooting_again():
-    step = driver_plan.next_step("install", assess_recorded("version_mismatch"), rebooted=True)
+def test_handshaped_mismatch_after_the_reboot_fails_instead_of_rebooting_again():
+    step = driver_plan.next_step("install", assess_handshaped("version_mismatch"), rebooted=True)
     assert step.action == "fail" and "still not consistent after a reboot" in step.message
 
 
-def test_recorded_mismatch_with_reboots_disallowed_fails_with_the_reason():
-    step = driver_plan.next_step("install", assess_recorded("version_mismatch"), rebooted=False, reboot_allowed=False)
+def test_handshaped_mismatch_with_reboots_disallowed_fails_with_the_reason():
+    step = driver_plan.next_step("install", assess_handshaped("version_mismatch"), rebooted=False, reboot_allowed=False)
     assert step.action == "fail" and "nvidia_driver_reboot is false" in step.message
 
 
-def test_recorded_gb10_with_old_module_loaded_needs_a_reboot_even_though_nvidia_smi_works():
-    assessment = assess_recorded("gb10_driver_580", loaded="580.82.07", installed="580.95.05")
+def test_handshaped_gb10_with_old_module_loaded_needs_a_reboot_even_though_nvidia_smi_works():
+    assessment = assess_handshaped("gb10_driver_580", loaded="580.82.07", installed="580.95.05")
     assert assessment.reboot_reasons == (
         "the loaded NVIDIA kernel module is 580.82.07 but the one installed for this kernel is 580.95.05",
     )
 
 
-def test_recorded_unreachable_driver_with_fresh_module_not_loaded_needs_a_reboot():
-    assessment = assess_recorded("driver_unreachable", loaded=None, installed="580.95.05")
+def test_handshaped_unreachable_driver_with_fresh_module_not_loaded_needs_a_reboot():
+    assessment = assess_handshaped("driver_unreachable", loaded=None, installed="580.95.05")
     assert assessment.reboot_reasons == ("the NVIDIA kernel module 580.95.05 is installed but not loaded",)
 
 
-def test_recorded_unreachable_driver_without_module_is_a_finding_not_a_reboot():
-    assessment = assess_recorded("driver_unreachable", loaded=None, installed=None)
+def test_handshaped_unreachable_driver_without_module_is_a_finding_not_a_reboot():
+    assessment = assess_handshaped("driver_unreachable", loaded=None, installed=None)
     assert not assessment.reboot_required
     (finding,) = assessment.findings
     assert "no NVIDIA kernel module is installed for the running kernel" in finding and "dkms status" in finding
@@ -300,12 +300,12 @@ def test_missing_nvidia_smi_is_a_finding_naming_the_path():
     assert finding.startswith("/usr/bin/nvidia-smi not found")
 
 
-def test_recorded_no_devices_is_a_finding():
-    (finding,) = assess_recorded("no_devices").findings
+def test_handshaped_no_devices_is_a_finding():
+    (finding,) = assess_handshaped("no_devices").findings
     assert "reports no GPU" in finding
 
 
-def test_summary_of_recorded_gb10():
-    assert driver_plan.summary(parse_recorded("gb10_driver_580")) == (
+def test_summary_of_handshaped_gb10():
+    assert driver_plan.summary(parse_handshaped("gb10_driver_580")) == (
         "GPU 0 NVIDIA GB10, driver 580.95.05 (branch 580), persistence on"
     )

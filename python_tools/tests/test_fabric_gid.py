@@ -1,4 +1,4 @@
-"""GID index auto-resolution (RECIPE.md, "GID index auto-resolution") on fake sysfs trees of a GB10 pair node."""
+"""GID index auto-resolution (twinspark/fabric/gid.py, docs/FABRIC.md) on fake sysfs trees of a GB10 pair node."""
 
 from __future__ import annotations
 
@@ -136,9 +136,18 @@ def test_bare_caret_selects_nothing(fake_sysfs_gb10):
 
 
 def test_no_rdma_devices_at_all(tmp_path):
-    error = failure("", HEAD_IP, tmp_path / "sys" / "class" / "infiniband")
+    root = tmp_path / "sys" / "class" / "infiniband"
+    root.mkdir(parents=True)
+    error = failure("", HEAD_IP, root)
     assert error.exit_code == 1
-    assert "infiniband" in str(error)
+    assert "selects no ACTIVE" in str(error) and "infiniband" in str(error)
+
+
+def test_a_missing_root_is_invalid_input_naming_the_directory(tmp_path):
+    root = tmp_path / "sys" / "class" / "infiniband"
+    error = failure("", HEAD_IP, root)
+    assert error.exit_code == 2
+    assert str(error).startswith(f"{root}: does not exist; pass --sysfs-root")
 
 
 def test_member_without_a_usable_gid_fails_naming_it(fake_sysfs_gb10):

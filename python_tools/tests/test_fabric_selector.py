@@ -1,4 +1,4 @@
-"""NCCL_IB_HCA grammar (RECIPE.md, "NCCL_IB_HCA selector grammar"), on plain data."""
+"""NCCL_IB_HCA grammar (the rules in twinspark/fabric/selector.py's docstring), on plain data."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`twinspark gpu info` on recorded nvidia-smi outputs (fixtures recorded_nvidia_smi_*: no GPU here, see their .md)."""
+"""`twinspark gpu info` on hand-shaped nvidia-smi outputs (fixtures handshaped_nvidia_smi_*: no GPU here, see
+their .md)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from recorded_nvidia_smi import parse_recorded, recorded
+from handshaped_nvidia_smi import handshaped, parse_handshaped
 
 from twinspark import cli, gpu
 
 
-def test_recorded_gb10_on_driver_580_is_listed_with_unified_memory_reported_as_unknown():
-    query = parse_recorded("gb10_driver_580")
+def test_handshaped_gb10_on_driver_580_is_listed_with_unified_memory_reported_as_unknown():
+    query = parse_handshaped("gb10_driver_580")
     assert query.status == "ok" and query.exit_code == 0
     (only,) = query.gpus
     assert only.name == "NVIDIA GB10"
@@ -24,15 +25,15 @@ def test_recorded_gb10_on_driver_580_is_listed_with_unified_memory_reported_as_u
     assert only.pci_bus_id == "0000000F:01:00.0"
 
 
-def test_recorded_h100_line_reports_memory_in_mib():
-    (only,) = parse_recorded("h100_driver_570").gpus
+def test_handshaped_h100_line_reports_memory_in_mib():
+    (only,) = parse_handshaped("h100_driver_570").gpus
     assert only.name == "NVIDIA H100 80GB HBM3"
     assert (only.memory_total_mib, only.memory_used_mib) == (81559, 1)
     assert only.driver_branch == 570
 
 
-def test_recorded_persistence_off_is_false_not_unknown():
-    (only,) = parse_recorded("gb10_persistence_off").gpus
+def test_handshaped_persistence_off_is_false_not_unknown():
+    (only,) = parse_handshaped("gb10_persistence_off").gpus
     assert only.persistence_mode is False
 
 
@@ -44,21 +45,21 @@ def test_recorded_persistence_off_is_false_not_unknown():
         ("no_devices", "no_devices", 6, "lspci"),
     ],
 )
-def test_each_recorded_failure_gets_its_own_status_exit_code_and_advice(case, status, exit_code, advice):
-    query = parse_recorded(case)
+def test_each_handshaped_failure_gets_its_own_status_exit_code_and_advice(case, status, exit_code, advice):
+    query = parse_handshaped(case)
     assert (query.status, query.exit_code) == (status, exit_code)
     assert advice in query.message
     assert query.gpus == ()
 
 
-def test_only_the_recorded_mismatch_asks_for_a_reboot():
-    assert parse_recorded("version_mismatch").reboot_required
-    assert not parse_recorded("driver_unreachable").reboot_required
-    assert not parse_recorded("gb10_driver_580").reboot_required
+def test_only_the_handshaped_mismatch_asks_for_a_reboot():
+    assert parse_handshaped("version_mismatch").reboot_required
+    assert not parse_handshaped("driver_unreachable").reboot_required
+    assert not parse_handshaped("gb10_driver_580").reboot_required
 
 
-def test_the_recorded_mismatch_detail_quotes_nvidia_smi():
-    assert parse_recorded("version_mismatch").detail == "Failed to initialize NVML: Driver/library version mismatch"
+def test_the_handshaped_mismatch_detail_quotes_nvidia_smi():
+    assert parse_handshaped("version_mismatch").detail == "Failed to initialize NVML: Driver/library version mismatch"
 
 
 def test_unknown_failure_keeps_nvidia_smi_message():
@@ -85,8 +86,8 @@ def test_query_asks_for_every_field_the_parser_reads():
 
 
 def fake_nvidia_smi(tmp_path: Path, case: str) -> Path:
-    """An executable standing in for nvidia-smi: prints a recorded output and exits with its status."""
-    stdout, stderr, returncode = recorded(case)
+    """An executable standing in for nvidia-smi: prints a hand-shaped output and exits with its status."""
+    stdout, stderr, returncode = handshaped(case)
     (tmp_path / "out").write_text(stdout)
     (tmp_path / "err").write_text(stderr)
     script = tmp_path / f"fake_nvidia_smi_{case}"

@@ -64,15 +64,15 @@ def test_a_stopped_unit_with_no_vllm_fails_with_the_ordered_start():
     assert result.status == FAILED and "worker first" in result.fix
 
 
-def recorded_gpu(case: str) -> dict:
-    directory = FIXTURES / f"recorded_nvidia_smi_{case}"
+def handshaped_gpu(case: str) -> dict:
+    directory = FIXTURES / f"handshaped_nvidia_smi_{case}"
     query = gpu.parse_query_output((directory / "stdout.txt").read_text(), (directory / "stderr.txt").read_text(),
                                    int((directory / "returncode").read_text()))
     return gather.gpu_facts(query.to_dict())
 
 
-def test_gb10_on_driver_580_from_recorded_nvidia_smi_is_ok():
-    result = checks.check_gpu("spark-a", recorded_gpu("gb10_driver_580"))
+def test_gb10_on_driver_580_from_handshaped_nvidia_smi_is_ok():
+    result = checks.check_gpu("spark-a", handshaped_gpu("gb10_driver_580"))
     assert result.status == OK
     assert "GB10" in result.message and "580" in result.message
 
@@ -88,8 +88,8 @@ def test_gb10_on_driver_580_from_recorded_nvidia_smi_is_ok():
         ("h100_driver_570", FAILED, "older than branch 580"),
     ],
 )
-def test_gpu_problems_from_recorded_nvidia_smi(case, status, words):
-    result = checks.check_gpu("spark-a", recorded_gpu(case))
+def test_gpu_problems_from_handshaped_nvidia_smi(case, status, words):
+    result = checks.check_gpu("spark-a", handshaped_gpu(case))
     assert result.status == status
     assert words in result.message
     assert result.fix
@@ -101,7 +101,7 @@ def test_a_gpu_that_is_not_a_gb10_is_degraded():
 
 
 def test_mismatch_asks_for_a_reboot():
-    assert "reboot" in checks.check_gpu("x", recorded_gpu("version_mismatch")).fix
+    assert "reboot" in checks.check_gpu("x", handshaped_gpu("version_mismatch")).fix
 
 
 FABRIC_OK = {"interfaces": [{"ifname": "ic0", "exists": True, "operstate": "UP", "mtu": 9000,
@@ -190,6 +190,12 @@ def test_disk_space_for_caches(free_gib, status):
 
 def test_missing_state_dir_fails():
     assert checks.check_disk("n", {"path": "/var/lib/twinspark", "error": "No such file"}).status == FAILED
+
+
+def test_earlyoom_activating_is_as_bad_as_running():
+    """A unit in `activating` is on its way to running (or restarting after a crash): it will kill vLLM too."""
+    starting = checks.check_earlyoom("n", {"LoadState": "loaded", "ActiveState": "activating"})
+    assert starting.status == DEGRADED and "disable --now earlyoom" in starting.fix
 
 
 def test_earlyoom_running_is_degraded_and_absent_is_ok():
@@ -281,6 +287,16 @@ def test_api_health_answers_or_fails():
 
 
 MODELS = {"status_code": 200, "json": {"data": [{"id": "tiny", "max_model_len": 512}]}}
+
+
+@pytest.mark.parametrize("code", [400, 403, 404, 405, 422, 429, 499])
+def test_a_4xx_answer_is_never_healthy(code):
+    """Everything else about the answer is fine (a body, a token), so only the status code can fail it."""
+    health = checks.check_api_health(URL, {"status_code": code})
+    models = checks.check_models({**MODELS, "status_code": code}, "tiny", 512)
+    liveness = checks.check_liveness({"status_code": code, "tokens": 1, "elapsed": 0.1}, 10)
+    for result in (health, models, liveness):
+        assert result.status == FAILED and f"HTTP {code}" in result.message, result
 
 
 def test_models_lists_the_served_name_with_its_max_model_len():

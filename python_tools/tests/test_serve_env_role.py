@@ -158,6 +158,23 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     assert "twinspark-sim-test-only-key" not in changed.stdout + changed.stderr
 
 
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_the_hf_token_never_reaches_secrets_env(tmp_path):
+    """Only the model download needs HF_TOKEN (role model_cache hands it to that command): secrets.env, whose copy
+    becomes the vLLM unit's credential, keeps the API key and drops the token."""
+    etc, state = tmp_path / "etc", tmp_path / "state"
+    state.mkdir()
+    token = "hf_test_only_token_that_protects_nothing"
+    result = playbook("-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node1", "-e", "ansible_connection=local",
+                      "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
+                      "-e", f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending",
+                      "-e", f"serve_env_cli={TWINSPARK}", "-e", f"twinspark_hf_token={token}", check=True)
+    secrets = envfile.read_files([etc / "secrets.env"]).values
+    assert secrets["VLLM_API_KEY"] == "twinspark-sim-test-only-key"
+    assert "HF_TOKEN" not in secrets
+    assert token not in (etc / "secrets.env").read_text() + (etc / "serve.env").read_text()
+    assert token not in result.stdout + result.stderr
+
 
 def test_filter_plugin_finds_the_package_without_an_install(tmp_path):
     """A controller with only ansible and PyYAML (no twinspark installed) still loads the filter."""

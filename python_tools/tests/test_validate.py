@@ -107,8 +107,16 @@ def test_every_problem_is_reported_at_once(tmp_path, capsys):
     assert [line.split(":")[0] for line in lines] == ["VLLM_PORT", "DEFAULT_THINKING", "MTP_NUM_TOKENS"]
 
 
-def test_unrelated_variables_are_left_alone(tmp_path, capsys):
-    assert check_with(tmp_path, capsys, NCCL_IB_TC="106", CUDA_VISIBLE_DEVICES="0") == (0, [])
+def test_variables_outside_the_registry_are_refused_by_name(tmp_path, capsys):
+    code, lines = check_with(tmp_path, capsys, NCCL_IB_TC="106", CUDA_VISIBLE_DEVICES="0")
+    assert code == 2
+    assert [line.split(":")[0] for line in lines] == ["NCCL_IB_TC", "CUDA_VISIBLE_DEVICES"]
+    assert all("name it in ENV_PASSTHROUGH" in line for line in lines), lines
+
+
+def test_variables_named_in_the_passthrough_knob_are_accepted(tmp_path, capsys):
+    assert check_with(tmp_path, capsys, NCCL_IB_TC="106", CUDA_VISIBLE_DEVICES="0",
+                      ENV_PASSTHROUGH="NCCL_IB_TC, CUDA_VISIBLE_DEVICES") == (0, [])
 
 
 @pytest.mark.parametrize(
@@ -302,3 +310,54 @@ def test_defaults_written_to_a_file_atomically(tmp_path, capsys):
     assert target.stat().st_mode & 0o777 == 0o640
     assert "NODE_RANK=1\n" in target.read_text() and "OLD=1" not in target.read_text()
     assert check(capsys, str(target)) == (0, [])
+
+
+# Addresses a node can never be reached at: each variable refuses each class (a removed class fails one case).
+NOT_A_NODE = {
+    "unspecified": "0.0.0.0",
+    "loopback": "127.0.0.1",
+    "loopback, not the first": "127.20.30.40",
+    "multicast": "224.0.0.251",
+    "multicast, organisation-local": "239.255.0.1",
+}
+
+
+@pytest.mark.parametrize("var", ["MASTER_ADDR", "WORKER_HOST", "VLLM_HOST_IP", "GID_MATCH_IP"])
+@pytest.mark.parametrize("case", sorted(NOT_A_NODE))
+def test_an_address_no_node_can_have_is_refused(var, case):
+    address = NOT_A_NODE[case]
+    raw = head_env("gb10", 0)
+    raw[var] = address
+    problems = [str(p) for p in validate.validate(raw).problems]
+    expected = (f"{var}: must be a node's own unicast address (never 0.0.0.0, 127.x or multicast) "
+                f"(got {address!r}) (allowed: an IPv4 address)")
+    assert expected in problems, problems
+
+
+@pytest.mark.parametrize("var", ["MASTER_ADDR", "WORKER_HOST", "VLLM_HOST_IP", "GID_MATCH_IP"])
+def test_a_node_address_passes_the_same_rule(var):
+    raw = head_env("gb10", 0)
+    raw.update(MASTER_ADDR="10.77.0.1", WORKER_HOST="10.77.0.2", VLLM_HOST_IP="10.77.0.1", GID_MATCH_IP="10.77.0.1")
+    result = validate.validate(raw)
+    assert result.problems == [] and result.values[var].startswith("10.77.0.")
+
+
+# A carriage return reaches validate() from the inventory or the process environment (an env file's reader turns
+# it into a line break first), and in an Authorization header it would split the header.
+@pytest.mark.parametrize("var", ["VLLM_API_KEY", "DSPARK_API_KEYS"])
+@pytest.mark.parametrize("where", ["inside", "at the end"])
+def test_a_carriage_return_in_an_api_key_is_refused_without_showing_the_key(var, where):
+    raw = head_env("gb10", 0)
+    raw[var] = f"{SECRET}\rinjected: 1" if where == "inside" else f"{SECRET}\r"
+    problems = [p for p in validate.validate(raw).problems if p.var == var]
+    assert [p.message for p in problems] == [
+        "must be a single line (no carriage return, line feed, vertical tab or form feed)"
+    ]
+    assert SECRET not in str(problems[0])
+
+
+def test_a_carriage_return_in_an_api_key_from_the_inventory_is_refused():
+    with pytest.raises(nodeenv.NodeEnvError) as caught:
+        nodeenv.node_env({"twinspark_vllm_api_key": f"{SECRET}\r"}, 0, "10.77.0.1", "10.77.0.2")
+    assert any("VLLM_API_KEY" in p and "single line" in p for p in caught.value.problems)
+    assert SECRET not in str(caught.value)

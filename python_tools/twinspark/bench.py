@@ -23,7 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-# RECIPE.md, "Published figures to beat": DeepSeek-V4-Flash-0731, TP=2 on two DGX Sparks.
+from twinspark import netguard
+
+# Figures published for DeepSeek-V4-Flash-0731 at TP=2 on two DGX Sparks, the numbers a gb10 pair should reach
+# (docs/OPERATIONS.md, "`twinspark bench`").
 PUBLISHED_GB10 = {
     1: {"decode_tok_s_per_stream": (62.0, 83.0)},
     6: {"aggregate_tok_s": (162.0, 191.0)},
@@ -220,7 +223,7 @@ def table(levels: Sequence[LevelResult], profile: str) -> str:
     header = ["c", "requests", "failed", "prompt tok", "TTFT mean s", "TTFT max s", "decode tok/s/stream",
               "aggregate tok/s"]
     if profile == "gb10":
-        header.append("published (RECIPE.md, 2x Spark)")
+        header.append("published (2x Spark)")
     rows = [header]
     for level in levels:
         row = [str(level.concurrency), str(level.requests), str(level.failed), _fmt(level.prompt_tokens, 0),
@@ -326,6 +329,11 @@ def run(args: argparse.Namespace) -> int:
         key = key or inventory_key
         model = model or served
     url = url.rstrip("/")
+    try:
+        netguard.check([url])
+    except netguard.UnsafeRoute as error:
+        print(f"twinspark bench: {error}", file=sys.stderr)
+        return 2
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     session = requests.Session()
     if not model:

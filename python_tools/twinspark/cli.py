@@ -1,8 +1,11 @@
 """The `twinspark` command: one sub-command group per module.
 
-Each module listed in COMMAND_MODULES exposes `register(subparsers)`, which adds its parser(s) and sets
-`func` (a callable taking the parsed args and returning the exit code). Modules must be cheap to import:
-heavy imports (torch, ansible) belong inside the functions that need them.
+COMMANDS names every sub-command with the module that registers it and its one-line help. Only the chosen
+sub-command's module is imported, so a dependency missing on this machine (huggingface_hub on a controller,
+ansible on a node) breaks the commands that need it and no other; `twinspark --help` is built from the table alone.
+Each module exposes `register(subparsers)`, which adds its parser(s) and sets `func` (a callable taking the parsed
+args and returning the exit code). A new module is one line per sub-command it registers in COMMANDS;
+tests/test_cli.py fails when the table and a module's registrations disagree.
 """
 
 from __future__ import annotations
@@ -11,31 +14,79 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = [
-    "twinspark.bench",
-    "twinspark.envcli",
-    "twinspark.fabric.commands",
-    "twinspark.frontdoor",
-    "twinspark.gpu",
-    "twinspark.health",
-    "twinspark.launcher",
-    "twinspark.model",
-    "twinspark.pairguard",
-    "twinspark.patching",
-    "twinspark.runtime",
-]
+# name -> (module that registers it, help shown by `twinspark --help`); the order is the order of --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("twinspark.bench", "concurrency sweep of streaming chat completions (TTFT, tok/s)"),
+    "env": ("twinspark.envcli", "check env files, print defaults"),
+    "settings": ("twinspark.envcli", "files generated from the knob registry"),
+    "fabric": ("twinspark.fabric.commands", "the interconnect: GID index, port table, bandwidth benchmark"),
+    "deploy": ("twinspark.frontdoor", "make both nodes match the inventory and serve (site.yml)"),
+    "start": ("twinspark.frontdoor", "start the pair: worker first, then head (playbooks/start.yml)"),
+    "stop": ("twinspark.frontdoor", "stop the pair: head, then worker (playbooks/stop.yml)"),
+    "restart": ("twinspark.frontdoor", "ordered restart of both ranks (playbooks/restart.yml)"),
+    "status": ("twinspark.frontdoor", "show both units and the API (playbooks/status.yml)"),
+    "gpu": ("twinspark.gpu", "GPU facts from nvidia-smi"),
+    "health": ("twinspark.health", "check the pair's health (table, --json, --prom-file)"),
+    "serve": ("twinspark.launcher", "start this node's vLLM rank from its env files (exec, no shell)"),
+    "model": ("twinspark.model", "fetch, verify and describe model weights"),
+    "route-check": ("twinspark.netguard",
+                    "refuse to dial a simulated-pair address whose route would leave this machine"),
+    "pair": ("twinspark.pairguard", "keep the two ranks serving as one pair (runs on the head)"),
+    "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
+    "runtime": ("twinspark.runtime", "report the installed serving runtime (vLLM, torch, patches)"),
+}
+
+# Kept for callers that list the modules (each once, in table order).
+COMMAND_MODULES = list(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: list[str]) -> str | None:
+    """The sub-command `argv` asks for: its first word that is not an option (the top level takes no values)."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def _unregistered(name: str, module: str):
+    def run(_args: argparse.Namespace) -> int:
+        print(f"twinspark {name}: {module} did not register this command; fix COMMANDS in twinspark/cli.py",
+              file=sys.stderr)
+        return 2
+    return run
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser: `command`'s module registers its own sub-commands, every other name is a stub with help.
+
+    Raises ImportError when `command`'s module (or something it needs) cannot be imported.
+    """
     parser = argparse.ArgumentParser(prog="twinspark", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    chosen_module = COMMANDS[command][0] if command else None
+    for name, (module, help_text) in COMMANDS.items():
+        if module == chosen_module:
+            importlib.import_module(module).register(subparsers)
+            chosen_module = None  # registered all of its commands, at the place of its first one
+        elif name not in subparsers.choices:
+            stub = subparsers.add_parser(name, help=help_text, add_help=False)
+            stub.set_defaults(func=_unregistered(name, module))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = chosen_command(argv)
+    try:
+        parser = build_parser(command)
+    except ImportError as exc:
+        module = COMMANDS[command][0] if command else "twinspark"
+        print(f"twinspark {command}: cannot import {module} ({exc}); install what it needs on this machine "
+              "(`make setup` on a controller), other commands are unaffected", file=sys.stderr)
+        return 1
+    args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -67,6 +67,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from twinspark import envfile, settings, validate
 
     read = envfile.read_files(args.files)
+    if read.refused:  # judging what is left would only add noise: the file itself is the problem
+        for line in read.problems:
+            print(line, file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "problems": read.problems, "profile": None, "values": {}}, indent=2))
+        return EXIT_INVALID
     result = validate.validate(read.values)
     problems = read.problems + [str(p) for p in result.problems]
     if not args.skip_permissions:

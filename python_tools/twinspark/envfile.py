@@ -9,14 +9,15 @@ When several files are read, later files override earlier ones, as with several 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from twinspark import atomic, safeio
+
+MAX_BYTES = 1 << 20
+"""The largest env file read (1 MiB): real ones are a few kilobytes."""
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _WHITESPACE = " \t\n\r"
 _DOUBLE_QUOTE_ESCAPABLE = '"\\`$'
@@ -30,6 +31,9 @@ class EnvFile:
     values: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    """One line per file that was not read at all (missing, unreadable, not a small regular file, not UTF-8);
+    each line is also in `problems`."""
 
 
 def normalise_text(text: str) -> str:
@@ -146,18 +150,28 @@ def _parse_quoted(text: str, i: int, line_no: int, out: list[str]) -> tuple[int,
 
 
 def read_files(paths: Iterable[str | os.PathLike[str]]) -> EnvFile:
-    """Read env files in order; later files override earlier ones. Unreadable files become problems."""
+    """Read env files in order; later files override earlier ones. Unreadable files become problems.
+
+    Only regular files of at most MAX_BYTES are read: a FIFO, a device (or a link to one) or an oversized file is
+    a problem naming the path, found without blocking and without reading it.
+    """
     merged = EnvFile()
     for path in paths:
         try:
-            raw = Path(path).read_bytes()
-        except OSError as exc:
-            merged.problems.append(f"{path}: cannot read ({exc.strerror or exc})")
+            raw = safeio.read_bounded(path, MAX_BYTES)
+        except FileNotFoundError as exc:
+            merged.refused.append(f"{path}: cannot read ({exc.strerror or exc})")
+            merged.problems.append(merged.refused[-1])
+            continue
+        except safeio.RefusedFile as exc:
+            merged.refused.append(str(exc))
+            merged.problems.append(merged.refused[-1])
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            merged.problems.append(f"{path}: not UTF-8 text (byte {exc.start})")
+            merged.refused.append(f"{path}: not UTF-8 text (byte {exc.start})")
+            merged.problems.append(merged.refused[-1])
             continue
         one = parse(text, str(path))
         merged.problems.extend(one.problems)
@@ -184,31 +198,6 @@ def render(values: Mapping[str, str], header: str = "") -> str:
 
 
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text` so that readers see the old file or the new one, never a part.
-
-    The temporary file is created in the target's directory (same filesystem, so the rename is atomic) with
-    `mode` from the start, flushed and fsynced, renamed over the target, and the directory fsynced so the rename
-    survives a crash. Any failure leaves the old file untouched and removes the temporary file.
-    """
-    target = Path(path)
-    directory = target.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            fd = -1
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        if fd != -1:
-            os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace `path` with `text` (UTF-8, LF as given) so that readers see the old file or the new one, never a
+    part; the file has `mode` from its first byte. The steps are twinspark.atomic's."""
+    atomic.write_atomic(path, text.encode("utf-8"), mode=mode)

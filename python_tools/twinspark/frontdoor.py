@@ -176,6 +176,23 @@ def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView
     return int(runner.rc or 0), artifacts / ident
 
 
+def _route_refusal(inventory: str) -> str | None:
+    """Why the pair's addresses must not be dialled from here (a simulated pair whose network is down), or None.
+
+    An inventory this cannot read is left to the playbook's own validation, which names the problem."""
+    from twinspark import netguard
+    from twinspark.health import remote
+
+    try:
+        pair = remote.read_inventory(inventory)
+        netguard.check([pair.head.host, pair.worker.host, pair.api_url])
+    except remote.InventoryError:
+        return None
+    except netguard.UnsafeRoute as error:
+        return str(error)
+    return None
+
+
 def _command(args: argparse.Namespace) -> int:
     from twinspark.health import command as health
 
@@ -192,6 +209,10 @@ def _command(args: argparse.Namespace) -> int:
         extra.append("--diff")
     if args.limit:
         extra += ["--limit", args.limit]
+    refusal = _route_refusal(inventory)
+    if refusal:
+        print(f"twinspark {args.verb}: {refusal}", file=sys.stderr)
+        return 2
     view = LiveView(stream=sys.stderr, redraw=sys.stderr.isatty())
     print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
     rc, run_dir = run_playbook(playbook, inventory, Path(args.artifacts), view, project, extra)

@@ -36,7 +36,7 @@ SERVE_ENV_ROLE_OPTIONS = {
     },
     "serve_env_restart_marker": {
         "type": "path",
-        "default": "/var/lib/twinspark/restart-pending",
+        "default": "/var/lib/twinspark-control/restart-pending",
         "description": "File the handler writes when an env file changed; the serving role restarts the pair in "
         "order when it exists.",
     },
@@ -125,8 +125,10 @@ def config_markdown(registry: Registry) -> str:
         "- `--speculative-config {\"method\":\"dspark\",\"num_speculative_tokens\":MTP_NUM_TOKENS,"
         "\"draft_sample_method\":DRAFT_SAMPLE_METHOD}`, written by a JSON encoder from validated values;",
         "- `--default-chat-template-kwargs` from DEFAULT_THINKING (`{\"thinking\":false}` for off);",
-        "- one `--api-key` followed by every key of VLLM_API_KEY or DSPARK_API_KEYS (never repeated: vLLM keeps only",
-        "  the last);",
+        "- on the head only, every key of VLLM_API_KEY or DSPARK_API_KEYS as one `--api-key` (never repeated: vLLM",
+        "  keeps only the last), handed over in-process by `twinspark.vllm_entry`: the keys travel in the environment",
+        "  variable TWINSPARK_VLLM_API_KEYS, never in argv (`/proc/PID/cmdline` is readable by every account); the",
+        "  worker rank gets no key;",
         "- `--headless` on the worker (NODE_RANK=1) only. `--max-num-partial-prefills` is never passed.",
         "",
         "## Fixed per profile",
@@ -193,7 +195,7 @@ def _spec_type(knob: Knob) -> dict[str, object]:
         return {"type": "int"}
     if knob.type == "float":
         return {"type": "float"}
-    if knob.type in ("keys", "passthrough"):
+    if knob.type in ("keys", "passthrough", "names"):
         return {"type": "raw"}
     if knob.type == "choice":
         if any(choice.lower() in YAML_BOOLEAN_WORDS for choice in knob.choices):

@@ -1,7 +1,7 @@
 """GPU facts from `nvidia-smi`: `twinspark gpu info [--json]`.
 
 Running nvidia-smi is the only I/O here (`run_nvidia_smi`); everything else is a pure function over its output, so the
-parser is tested on recorded outputs and reused by the `nvidia_driver` role (through the Ansible filters) and the
+parser is tested on hand-shaped outputs and reused by the `nvidia_driver` role (through the Ansible filters) and the
 health checks.
 
 Exit codes of `twinspark gpu info` (also the `exit_code` field of `--json`):

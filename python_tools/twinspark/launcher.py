@@ -21,12 +21,17 @@ from pathlib import Path
 
 from twinspark import settings
 from twinspark.settings import Registry
+from twinspark.vllm_entry import API_KEYS_ENV
 
 EXIT_RUNTIME = 1
 EXIT_INVALID = 2
 DEFAULT_SYSFS_ROOT = Path("/sys/class/infiniband")
 REDACTED = "<redacted>"
-VLLM_ENTRY = ("-m", "twinspark.vllm_entry", "serve")
+# -I (isolated mode): neither the working directory nor PYTHON* variables nor a user site-packages reach sys.path,
+# so no directory the serving account can write decides what code vLLM runs.
+VLLM_ENTRY = ("-I", "-m", "twinspark.vllm_entry", "serve")
+# The head's API keys travel to vLLM in API_KEYS_ENV, never in argv (/proc/PID/cmdline is world-readable);
+# twinspark.vllm_entry removes it from the environment before vLLM starts any other process.
 
 
 @dataclass
@@ -37,7 +42,9 @@ class Command:
     unset: list[str]
     """Knob names removed from the inherited environment (never handed to vLLM)."""
     secret_args: list[int] = field(default_factory=list)
-    """Positions in argv holding secrets (API keys)."""
+    """Positions in argv holding secrets (none since the keys left argv; kept for callers that read it)."""
+    secret_env: list[str] = field(default_factory=list)
+    """Names in `env` holding secrets (the API keys), redacted when shown."""
 
     def process_env(self, inherited: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in inherited.items() if k not in self.unset}
@@ -46,10 +53,13 @@ class Command:
 
     def shown(self, show_secrets: bool = False) -> dict[str, object]:
         argv = list(self.argv)
+        env = dict(self.env)
         if not show_secrets:
             for position in self.secret_args:
                 argv[position] = REDACTED
-        return {"argv": argv, "env": dict(self.env), "unset": list(self.unset)}
+            for name in self.secret_env:
+                env[name] = REDACTED
+        return {"argv": argv, "env": env, "unset": list(self.unset)}
 
 
 def _compact_json(value: object) -> str:
@@ -106,13 +116,6 @@ def build_command(
         argv += ["--speculative-config", speculative_config(mtp, values.get("DRAFT_SAMPLE_METHOD", "probabilistic"))]
     if "DEFAULT_THINKING" in values:
         argv += ["--default-chat-template-kwargs", chat_template_kwargs(values["DEFAULT_THINKING"])]
-    secret_args = []
-    keys = api_keys(values)
-    if keys:
-        argv.append("--api-key")
-        secret_args = list(range(len(argv), len(argv) + len(keys)))
-        argv += keys
-
     env: dict[str, str] = dict(others or {})
     for knob in registry.knobs:
         value = values.get(knob.env)
@@ -120,7 +123,15 @@ def build_command(
             env[knob.env] = value
     env.update(registry.fixed_env(profile, flavour))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)
-    return Command(argv=argv, env=env, unset=unset, secret_args=secret_args)
+    secret_env = []
+    keys = api_keys(values)
+    # Only the head serves the API; the worker rank (--headless) gets no key at all, not even an inherited one.
+    if keys and values.get("NODE_RANK") != "1":
+        env[API_KEYS_ENV] = " ".join(keys)
+        secret_env.append(API_KEYS_ENV)
+    else:
+        unset.append(API_KEYS_ENV)
+    return Command(argv=argv, env=env, unset=unset, secret_env=secret_env)
 
 
 def match_ip(values: Mapping[str, str], interface_addresses: Callable[[str], list[str]]) -> str:
@@ -218,6 +229,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.environ:
         raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
     read = envfile.read_files(credential_fallback(args.env_files, os.environ))
+    if read.refused:  # an env file that cannot be read is the one problem worth a line
+        for line in read.problems:
+            print(line, file=sys.stderr)
+        return EXIT_INVALID
     raw.update(read.values)
     result = validate.validate(raw, registry)
     problems = read.problems + [str(p) for p in result.problems]

@@ -19,17 +19,19 @@ import re
 import shutil
 import struct
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-# The checkpoint and commit the reference recipe was tested with (RECIPE.md, "Model, thinking..."). Leaving the
+from twinspark import atomic
+
+# The checkpoint and commit the published two-Spark configuration was measured with. Leaving the
 # revision unset pins to it; setting it to the empty string follows the hub's default branch.
 PINNED_REPO_ID = "deepseek-ai/DeepSeek-V4-Flash-0731"
 PINNED_REVISION = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 
-# huggingface_hub's defaults (10 s) time out against a busy hub on a 150 GB snapshot; these are the recipe's values.
+# huggingface_hub's defaults (10 s) time out against a busy hub on a 150 GB snapshot; these are the values the
+# published configuration used.
 DOWNLOAD_TIMEOUT_S = 120
 ETAG_TIMEOUT_S = 30
 DEFAULT_HF_HOME = "/var/lib/twinspark/hf"
@@ -505,15 +507,7 @@ def check_offline_ref(hf_home: str | Path, repo_id: str, commit: str, branch: st
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_atomic(path, text.encode("utf-8"), mode=0o644)
 
 
 def _human(n: float) -> str:

@@ -1,17 +1,25 @@
 """Keep the two vLLM ranks serving as one pair: notice a half pair and restart both ranks in order.
 
-vLLM does not heal a TP=2 pair by itself (SIM.md, "Fault behaviour"): a rank that loses its peer exits with
-status 0 (so `Restart=on-failure` never fires), the headless worker outlives a dead head forever, an idle head
-keeps answering /health after its worker died, and restarting one side alone hangs in the rendezvous. So the head
-runs `twinspark pair guard` from `twinspark-pair-guard.timer`; each run looks at both units (the worker's over
-SSH, through a key that may only ask for `state`, `stop` and `start`) and at a real one-token generation, and
-when the pair is broken restarts both ranks in the one order that works: stop head, stop worker, start worker,
-start head, then wait until the head serves again. Restarts are bounded: backoff between attempts, and after
-`max_attempts` failed restarts in a row the guard gives up loudly (journal at error priority, the state file,
-exit 1) until an operator restarts the pair (playbooks/restart.yml, or `twinspark pair reset`).
+vLLM does not heal a TP=2 pair by itself (roles/vllm_service/README.md has the table of faults): a rank that
+loses its peer exits with status 0 (so `Restart=on-failure` never fires), the headless worker outlives a dead head
+forever, an idle head keeps answering /health after its worker died, and restarting one side alone hangs in the
+rendezvous. So the head runs `twinspark pair guard` from `twinspark-pair-guard.timer`; each run looks at both
+units (the worker's over SSH, through a key that may only ask for `state`, `stop` and `start`) and at a real
+one-token generation, and when the pair is broken restarts both ranks in the one order that works: stop head, stop
+worker, start worker, start head, then wait until the head serves again. Restarts are bounded: backoff between
+attempts, and after `max_attempts` failed restarts in a row the guard gives up loudly (journal at error priority,
+the state file, exit 1) until an operator restarts the pair (playbooks/restart.yml, or `twinspark pair reset`).
 
-The rules (`assess`, `decide`, `after_restart`) are pure functions over plain data; systemctl, SSH and HTTP sit
-in `Pair`, which the rules never see.
+A pair can also stall: both units active, every process alive, no token coming out (a rank frozen, a collective
+that never returns). A slow one-token probe alone cannot tell that from a busy pair, so the guard also reads vLLM's
+own counters on the head's /metrics (requests running, tokens generated and prefilled) before and after the probe,
+and keeps the latest sample in its state file so that successive runs compare: requests running and no token for
+`stall_window_s` is a stall; a probe that times out while tokens still flow is a busy pair, never restarted; an
+idle pair (nothing running) whose short probe times out with no progress on /metrics, or with /metrics not
+answering, is broken once it has served since its start (a young pair's first generation compiles kernels).
+
+The rules (`assess`, `decide`, `after_restart`, `track`, `probe_plan`) are pure functions over plain data;
+systemctl, SSH and HTTP sit in `Pair`, which the rules never see.
 """
 
 from __future__ import annotations
@@ -21,12 +29,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+
+from twinspark import atomic
 
 UNIT = "twinspark-vllm.service"
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
@@ -37,7 +46,7 @@ RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset
 
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
 TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
-# What the worker's forced SSH command accepts (roles/vllm_service/templates/peer-control.sh.j2).
+# What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2).
 PEER_VERBS = ("state", "stop", "start")
 
 
@@ -73,6 +82,53 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One reading of the head's /metrics: vLLM's running requests and its token counters at a unix time."""
+
+    at: float
+    running: float | None = None  # vllm:num_requests_running
+    tokens: float | None = None  # vllm:generation_tokens_total + vllm:prompt_tokens_total (None: not exported)
+    kv: float | None = None  # vllm:kv_cache_usage_perc: moves while a long prompt is prefilled in chunks
+    error: str = ""  # why the counters are missing
+    unreachable: bool = False  # /metrics did not answer at all (refused, timed out, HTTP error)
+
+    @property
+    def counted(self) -> bool:
+        return self.tokens is not None and self.running is not None
+
+
+def sample_from_metrics(metrics: Mapping[str, object], at: float) -> Sample:
+    """twinspark.health.gather.read_metrics' answer -> a Sample."""
+
+    def number(key: str) -> float | None:
+        value = metrics.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    generated, prefilled = number("generation_tokens"), number("prompt_tokens")
+    tokens = None if generated is None else generated + (prefilled or 0.0)
+    error = str(metrics.get("error") or "")
+    if not error and tokens is None:
+        error = "no vllm:generation_tokens_total in /metrics"
+    return Sample(at=at, running=number("running"), tokens=tokens, kv=number("kv_cache_usage"), error=error,
+                  unreachable=bool(metrics.get("unreachable")))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the counters say across samples (kept in the state file between runs)."""
+
+    at: float  # when the latest counted sample was taken
+    tokens: float
+    kv: float | None
+    running: float
+    moved: bool | None  # the counters changed since the sample before (None: nothing to compare with)
+    flat_since: float | None  # first sample of the current stretch with requests running and unchanged counters
+
+    def flat_for(self) -> float:
+        return 0.0 if self.flat_since is None else self.at - self.flat_since
+
+
+@dataclass(frozen=True)
 class Observation:
     """What one guard run saw."""
 
@@ -81,6 +137,7 @@ class Observation:
     probe: Probe = Probe.SKIPPED
     probe_detail: str = ""
     head_active_for_s: float | None = None  # how long the head's unit has been active
+    samples: tuple[Sample, ...] = ()  # /metrics before (and after a timed-out probe), oldest first
 
 
 @dataclass(frozen=True)
@@ -91,6 +148,11 @@ class Policy:
     flap_window_s: float = 3600.0  # restarts this recent count towards the backoff, even successful ones
     startup_grace_s: float = 1800.0  # a head this young that is not ready yet is still starting (JIT)
     timeout_strikes: int = 3  # timed-out generations in a row before a busy-looking pair counts as broken
+    # (only where /metrics shows no vLLM counters, or before the pair served its first generation)
+    stall_window_s: float = 30.0  # requests running and no token for this long: stalled
+    short_probe_timeout_s: float = 15.0  # the probe's timeout once /metrics can judge progress
+    sample_max_age_s: float = 300.0  # an older saved sample is not compared with (the guard was not running)
+    metrics_timeout_s: float = 5.0  # how long one read of /metrics may take
 
     def backoff_s(self, recent_attempts: int) -> float:
         """Seconds to wait after the latest restart, given how many restarts happened within the flap window."""
@@ -116,6 +178,8 @@ class GuardState:
     gave_up_at: float | None = None
     gave_up_reason: str = ""
     last: Mapping[str, object] = field(default_factory=dict)  # the latest run: at, verdict, action, reason
+    progress: Progress | None = None  # the latest /metrics counters, to compare with on the next run
+    served_at: float | None = None  # when the pair last answered a probe or moved its counters
 
     def recent_attempts(self, now: float, window_s: float) -> tuple[Attempt, ...]:
         return tuple(a for a in self.attempts if now - a.at < window_s)
@@ -129,8 +193,72 @@ class Decision:
     state: GuardState  # the state to keep after this run (a restart's outcome is added by `after_restart`)
 
 
-def assess(obs: Observation, policy: Policy) -> tuple[Verdict, str]:
-    """Judge the pair from one observation."""
+def track(previous: Progress | None, samples: Sequence[Sample], policy: Policy) -> Progress | None:
+    """Fold this run's /metrics samples into the progress remembered from earlier runs.
+
+    A sample without counters changes nothing. A saved sample older than `sample_max_age_s`, or counters that went
+    down (vLLM restarted), start afresh. A stretch of unchanged counters counts as flat only from the first sample
+    that saw requests running in it, so a request that arrived between two samples is never timed from before it.
+    """
+    progress = previous
+    for sample in samples:
+        if not sample.counted:
+            continue
+        assert sample.tokens is not None and sample.running is not None
+        busy = sample.running > 0
+        fresh = (progress is None or sample.at - progress.at > policy.sample_max_age_s
+                 or sample.tokens < progress.tokens)
+        if fresh:
+            progress = Progress(sample.at, sample.tokens, sample.kv, sample.running, None,
+                                sample.at if busy else None)
+            continue
+        assert progress is not None
+        moved = sample.tokens != progress.tokens or sample.kv != progress.kv
+        if moved or not busy:
+            flat_since = None if not busy else sample.at
+        else:
+            flat_since = progress.flat_since if progress.flat_since is not None else sample.at
+        progress = Progress(sample.at, sample.tokens, sample.kv, sample.running, moved, flat_since)
+    return progress
+
+
+def stalled(progress: Progress | None, policy: Policy) -> bool:
+    """Requests running and vLLM's counters unchanged for at least the stall window."""
+    return (progress is not None and progress.running > 0 and progress.flat_since is not None
+            and progress.flat_for() >= policy.stall_window_s)
+
+
+def warm(served_at: float | None, head_active_for_s: float | None, now: float) -> bool:
+    """Whether the pair has served (a probe answered, or its counters moved) since the head's unit became active:
+    before that, a slow first generation is the kernels compiling, not a stall."""
+    return served_at is not None and head_active_for_s is not None and served_at >= now - head_active_for_s
+
+
+def probe_plan(first: Sample | None, progress: Progress | None, is_warm: bool, policy: Policy,
+               long_timeout_s: float) -> float | None:
+    """How long the one-token probe may take after the first /metrics sample of a run; None: do not probe, the
+    counters already show a stall. The counters judge progress, so the probe can be short where they are visible
+    (and where /metrics does not answer on a pair that served before); elsewhere the long timeout and strikes."""
+    if stalled(progress, policy):
+        return None
+    if first is not None and first.counted and (is_warm or (first.running or 0) > 0):
+        return policy.short_probe_timeout_s
+    if first is not None and first.unreachable and is_warm:
+        return policy.short_probe_timeout_s
+    return long_timeout_s
+
+
+def _counters(progress: Progress) -> str:
+    return f"{progress.running:.0f} request(s) running, token counter at {progress.tokens:.0f}"
+
+
+def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
+           is_warm: bool = False) -> tuple[Verdict, str]:
+    """Judge the pair from one observation, the /metrics progress (`track`) and whether it served since its start.
+
+    Without `progress` it is tracked from this run's samples alone."""
+    if progress is None:
+        progress = track(None, obs.samples, policy)
     if obs.worker_state is None:
         return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
     for rank, state in (("head", obs.head_state), ("worker", obs.worker_state)):
@@ -142,6 +270,13 @@ def assess(obs: Observation, policy: Policy) -> tuple[Verdict, str]:
         return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
     if obs.probe is Probe.OK:
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
+    if obs.probe in (Probe.TIMEOUT, Probe.SKIPPED) and progress is not None:
+        if stalled(progress, policy):
+            return Verdict.BROKEN, (f"stalled: {_counters(progress)} and unchanged for {progress.flat_for():.0f} s "
+                                    f"(window {policy.stall_window_s:.0f} s): no token is coming out")
+        if progress.moved:
+            waited = f"the one-token probe timed out ({obs.probe_detail}) but " if obs.probe is Probe.TIMEOUT else ""
+            return Verdict.HEALTHY, f"busy: {waited}tokens are flowing ({_counters(progress)})"
     if obs.probe is Probe.NOT_READY:
         age = obs.head_active_for_s
         if age is None or age < policy.startup_grace_s:
@@ -150,6 +285,18 @@ def assess(obs: Observation, policy: Policy) -> tuple[Verdict, str]:
         return Verdict.BROKEN, (f"the head has been active for {age:.0f} s and is still not ready "
                                 f"({obs.probe_detail}): a rank is stuck in the rendezvous")
     if obs.probe is Probe.TIMEOUT:
+        latest = obs.samples[-1] if obs.samples else None
+        if is_warm and latest is not None and latest.unreachable:
+            return Verdict.BROKEN, (f"one-token generation timed out ({obs.probe_detail}) and /metrics does not "
+                                    f"answer either ({latest.error}): the API process hangs")
+        if (is_warm and progress is not None and progress.running == 0 and progress.moved is False
+                and latest is not None and latest.counted):
+            return Verdict.BROKEN, (f"one-token generation timed out ({obs.probe_detail}) on an idle pair and "
+                                    f"/metrics shows no progress ({_counters(progress)}): a rank is frozen")
+        if progress is not None and progress.running > 0:
+            return Verdict.SUSPECT, (f"one-token generation timed out ({obs.probe_detail}); {_counters(progress)}, "
+                                     f"unchanged for {progress.flat_for():.0f} s of the {policy.stall_window_s:.0f} s "
+                                     "stall window")
         return Verdict.SUSPECT, f"one-token generation timed out ({obs.probe_detail})"
     if obs.probe is Probe.ERROR:
         return Verdict.BROKEN, f"one-token generation failed ({obs.probe_detail})"
@@ -158,7 +305,13 @@ def assess(obs: Observation, policy: Policy) -> tuple[Verdict, str]:
 
 def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> Decision:
     """What to do about the pair, given what was seen and what the guard did before."""
-    verdict, reason = assess(obs, policy)
+    progress = track(state.progress, obs.samples, policy)
+    if obs.probe is Probe.OK and progress is not None:
+        # A token came back: whatever the gauges say, the engine works; a flat stretch starts again from here.
+        progress = replace(progress, flat_since=None)
+    verdict, reason = assess(obs, policy, progress, warm(state.served_at, obs.head_active_for_s, now))
+    served = obs.probe is Probe.OK or bool(progress is not None and progress.moved)
+    state = replace(state, progress=progress, served_at=now if served else state.served_at)
     if verdict is Verdict.HEALTHY:
         # Healthy clears every count, including a give-up: the pair was repaired by someone.
         return Decision(verdict, Action.NONE, reason,
@@ -168,6 +321,9 @@ def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> D
                         f"{reason}; gave up after {state.failures_in_row} failed restart(s): {state.gave_up_reason}; "
                         f"fix the cause, then {RESTART_HINT}", state)
     if verdict in (Verdict.STARTING, Verdict.UNKNOWN):
+        return Decision(verdict, Action.WAIT, reason, state)
+    if verdict is Verdict.SUSPECT and progress is not None and progress.running > 0:
+        # The counters are visible and requests are running: the stall window decides, not strikes.
         return Decision(verdict, Action.WAIT, reason, state)
     if verdict is Verdict.SUSPECT:
         strikes = state.timeout_strikes + 1
@@ -193,12 +349,17 @@ def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> D
     return Decision(verdict, Action.RESTART, reason, state)
 
 
-def after_restart(state: GuardState, started_at: float, ok: bool, reason: str, policy: Policy) -> GuardState:
-    """The state after an ordered restart that began at `started_at` and succeeded (`ok`) or not."""
+def after_restart(state: GuardState, started_at: float, ok: bool, reason: str, policy: Policy,
+                  finished_at: float | None = None) -> GuardState:
+    """The state after an ordered restart that began at `started_at` and succeeded (`ok`: served a generation at
+    `finished_at`) or not."""
     attempts = (*state.recent_attempts(started_at, policy.flap_window_s), Attempt(started_at, ok, reason))
+    # vLLM's counters start from zero in the new processes: compare only with samples taken after the restart.
     if ok:
-        return replace(state, attempts=attempts, failures_in_row=0, timeout_strikes=0)
-    return replace(state, attempts=attempts, failures_in_row=state.failures_in_row + 1, timeout_strikes=0)
+        return replace(state, attempts=attempts, failures_in_row=0, timeout_strikes=0, progress=None,
+                       served_at=finished_at)
+    return replace(state, attempts=attempts, failures_in_row=state.failures_in_row + 1, timeout_strikes=0,
+                   progress=None, served_at=None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -230,7 +391,8 @@ def probe_host(bind: str) -> str:
 def api_from_env(env: Mapping[str, str]) -> Api:
     """The head's API as its env files describe it (VLLM_HOST, VLLM_PORT, SERVED_MODEL_NAME, MAX_MODEL_LEN, keys).
 
-    Probes send the first key (RECIPE.md); the key is kept out of repr() and never logged.
+    Probes send the first key, as the health check and the launcher do (roles/vllm_service/README.md); the key
+    is kept out of repr() and never logged.
     """
     port = int(str(env.get("VLLM_PORT") or "8888"), 10)
     keys = (env.get("VLLM_API_KEY") or "").split() or (env.get("DSPARK_API_KEYS") or "").split()
@@ -247,12 +409,17 @@ def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeou
     """The health tools' answers from the head's API (`gather_pair`) -> what the guard makes of them.
 
     Judged with the health checks themselves (twinspark.health.checks): the model not listed means not ready; a
-    generation without an answer in time is a timeout (maybe only busy); any other failed generation is an error.
+    generation without an answer in time is a timeout (maybe only busy), and so is a /v1/models that accepted the
+    connection but did not answer in time (a starting head refuses connections; one that hangs does not); any
+    other failed generation is an error.
     """
     from twinspark.health import checks
 
-    listed = checks.check_models(results.get("models") or {}, api.served_name, api.max_model_len)
+    models = results.get("models") or {}
+    listed = checks.check_models(models, api.served_name, api.max_model_len)
     if listed.status == checks.FAILED:
+        if "within the timeout" in str(models.get("error") or ""):
+            return Probe.TIMEOUT, listed.message
         return Probe.NOT_READY, listed.message
     generated = results.get("generate") or {}
     live = checks.check_liveness(generated, timeout_s)
@@ -278,10 +445,28 @@ def state_from_json(data: Mapping[str, object]) -> GuardState:
     attempts = tuple(Attempt(float(a["at"]), bool(a["ok"]), str(a.get("reason", "")))
                      for a in data.get("attempts") or [])
     gave_up_at = data.get("gave_up_at")
+    served_at = data.get("served_at")
     return GuardState(attempts=attempts, failures_in_row=int(data.get("failures_in_row") or 0),
                       timeout_strikes=int(data.get("timeout_strikes") or 0),
                       gave_up_at=float(gave_up_at) if gave_up_at is not None else None,
-                      gave_up_reason=str(data.get("gave_up_reason") or ""), last=dict(data.get("last") or {}))
+                      gave_up_reason=str(data.get("gave_up_reason") or ""), last=dict(data.get("last") or {}),
+                      progress=progress_from_json(data.get("progress")),
+                      served_at=float(served_at) if served_at is not None else None)
+
+
+def progress_from_json(data: object) -> Progress | None:
+    """The saved /metrics progress; None (compare afresh) when absent, as written by an older guard."""
+    if not isinstance(data, Mapping):
+        return None
+
+    def optional(key: str) -> float | None:
+        value = data.get(key)
+        return None if value is None else float(value)
+
+    moved = data.get("moved")
+    return Progress(at=float(data["at"]), tokens=float(data["tokens"]), kv=optional("kv"),
+                    running=float(data["running"]), moved=None if moved is None else bool(moved),
+                    flat_since=optional("flat_since"))
 
 
 def load_state(path: Path) -> GuardState:
@@ -294,18 +479,20 @@ def load_state(path: Path) -> GuardState:
         return GuardState()
 
 
+def peek_state(path: Path) -> GuardState:
+    """The guard's state for a look that does not act (`pair check`): a clean slate when it cannot be read, e.g.
+    by a user other than root, which only makes the look more patient (no earlier sample to compare with)."""
+    try:
+        return state_from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return GuardState()
+
+
 def save_state(path: Path, state: GuardState) -> None:
     """Write atomically: a crash mid-write leaves the previous state."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(state_to_json(state), handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(state_to_json(state), indent=1, sort_keys=True) + "\n"
+    atomic.write_atomic(path, text.encode("utf-8"), mode=0o600)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,14 +581,35 @@ class Pair:
         results = gather.gather_pair(self.api.url, self.api.served_name, self.api.api_key, timeout_s)
         return classify_probe(results, self.api, timeout_s)
 
-    def observe(self, probe_timeout_s: float) -> Observation:
+    def sample(self, timeout_s: float) -> Sample:
+        """One reading of the head's /metrics (no key needed: vLLM serves it outside /v1)."""
+        from twinspark.health import gather
+
+        return sample_from_metrics(gather.read_metrics(self.api.url, timeout_s), time.time())
+
+    def observe(self, probe_timeout_s: float, policy: Policy | None = None,
+                state: GuardState | None = None) -> Observation:
+        """Both units, then (both active) /metrics, the one-token probe with the timeout `probe_plan` gives, and
+        /metrics again after a probe that timed out. Without a policy: the units and the probe only."""
         props = self.head_props()
         head_state = props.get("ActiveState") or "unknown"
         worker_state = self.worker("state")
+        active_for = active_for_s(props, time.monotonic())
         probe, detail = Probe.SKIPPED, ""
+        samples: list[Sample] = []
         if head_state == "active" and worker_state == "active":
-            probe, detail = self.probe(probe_timeout_s)
-        return Observation(head_state, worker_state, probe, detail, active_for_s(props, time.monotonic()))
+            timeout: float | None = probe_timeout_s
+            if policy is not None:
+                state = state or GuardState()
+                samples.append(self.sample(policy.metrics_timeout_s))
+                is_warm = warm(state.served_at, active_for, time.time())
+                timeout = probe_plan(samples[0], track(state.progress, samples, policy), is_warm, policy,
+                                     probe_timeout_s)
+            if timeout is not None:
+                probe, detail = self.probe(timeout)
+                if probe is Probe.TIMEOUT and policy is not None:
+                    samples.append(self.sample(policy.metrics_timeout_s))
+        return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -457,9 +665,8 @@ def _read_env(paths: Sequence[str]) -> dict[str, str]:
     from twinspark import envfile
 
     read = envfile.read_files(paths)
-    unreadable = [p for p in read.problems if "cannot read" in p or "not UTF-8" in p]
-    if unreadable:
-        raise ValueError("; ".join(unreadable) + " (the guard runs as root; render the files with site.yml)")
+    if read.refused:  # missing, unreadable, not UTF-8, or not a small regular file (a FIFO, /dev/zero)
+        raise ValueError("; ".join(read.refused) + " (the guard runs as root; render the files with site.yml)")
     return dict(read.values)
 
 
@@ -472,7 +679,8 @@ def _pair_from_args(args: argparse.Namespace) -> Pair:
 def _policy_from_args(args: argparse.Namespace) -> Policy:
     return Policy(max_attempts=args.max_attempts, backoff_initial_s=args.backoff_initial,
                   backoff_max_s=args.backoff_max, startup_grace_s=args.startup_grace,
-                  timeout_strikes=args.timeout_strikes)
+                  timeout_strikes=args.timeout_strikes, stall_window_s=args.stall_window,
+                  short_probe_timeout_s=args.short_probe_timeout, metrics_timeout_s=args.metrics_timeout)
 
 
 def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
@@ -482,7 +690,7 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
         ok, outcome = ordered_restart(pair, args.ready_timeout, args.probe_timeout)
     except (subprocess.SubprocessError, RuntimeError) as exc:
         ok, outcome = False, f"restart step failed: {exc}"
-    state = after_restart(state, started_at, ok, f"{reason} -> {outcome}", policy)
+    state = after_restart(state, started_at, ok, f"{reason} -> {outcome}", policy, finished_at=time.time())
     if ok:
         log(5, f"pair restarted: {outcome}")
     else:
@@ -499,8 +707,8 @@ def cmd_guard(args: argparse.Namespace) -> int:
     policy = _policy_from_args(args)
     state_path = Path(args.state_file)
     state = load_state(state_path)
+    obs = pair.observe(args.probe_timeout, policy, state)
     now = time.time()
-    obs = pair.observe(args.probe_timeout)
     decision = decide(obs, state, policy, now)
     state = replace(decision.state, last={"at": now, "verdict": decision.verdict.value,
                                           "action": decision.action.value, "reason": decision.reason})
@@ -537,8 +745,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         log(3, f"pair check: {exc}")
         return 2
-    obs = pair.observe(args.probe_timeout)
-    verdict, reason = assess(obs, _policy_from_args(args))
+    policy = _policy_from_args(args)
+    state = peek_state(Path(args.state_file))
+    obs = pair.observe(args.probe_timeout, policy, state)
+    verdict, reason = assess(obs, policy, track(state.progress, obs.samples, policy),
+                             warm(state.served_at, obs.head_active_for_s, time.time()))
     if args.json:
         print(json.dumps({"observation": {**asdict(obs), "probe": obs.probe.value}, "verdict": verdict.value,
                           "reason": reason}, indent=1))
@@ -583,6 +794,11 @@ def cmd_state(args: argparse.Namespace) -> int:
         print(f"reason:          {last.get('reason', '-')}")
         print(f"failed in a row: {state.failures_in_row}")
         print(f"gave up:         {state.gave_up_reason or 'no'}")
+        progress = state.progress
+        if progress is not None:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress.at))
+            flat = f", unchanged for {progress.flat_for():.0f} s" if progress.flat_since is not None else ""
+            print(f"vLLM counters:   {stamp}: {_counters(progress)}{flat}")
         for attempt in state.attempts[-5:]:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(attempt.at))
             print(f"restart {stamp}  {'ok    ' if attempt.ok else 'FAILED'}  {attempt.reason}")
@@ -613,7 +829,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--backoff-max", type=float, default=Policy.backoff_max_s, metavar="S")
         sub.add_argument("--startup-grace", type=float, default=None, metavar="S",
                          help="a head active this long but not ready counts as stuck (default: --ready-timeout)")
-        sub.add_argument("--timeout-strikes", type=int, default=Policy.timeout_strikes)
+        sub.add_argument("--timeout-strikes", type=int, default=Policy.timeout_strikes,
+                         help="timed-out probes in a row before a pair whose progress /metrics cannot show is broken")
+        sub.add_argument("--stall-window", type=float, default=Policy.stall_window_s, metavar="S",
+                         help="requests running and vLLM's token counters unchanged this long: stalled, restart")
+        sub.add_argument("--short-probe-timeout", type=float, default=Policy.short_probe_timeout_s, metavar="S",
+                         help="the one-token probe's timeout once /metrics shows vLLM's counters (judged by them)")
+        sub.add_argument("--metrics-timeout", type=float, default=Policy.metrics_timeout_s, metavar="S",
+                         help="how long one read of the head's /metrics may take")
         sub.add_argument("--json", action="store_true", help="print what was seen and decided as JSON")
 
     guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")

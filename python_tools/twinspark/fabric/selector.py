@@ -3,7 +3,7 @@
 Pure functions over plain data: nothing here touches the filesystem. A selector only ever filters names that were
 listed from sysfs; it is never turned into a path.
 
-Grammar (see RECIPE.md, "NCCL_IB_HCA selector grammar"):
+Grammar (docs/FABRIC.md says it in short):
 
 - a leading ``^`` excludes the listed devices instead of selecting them;
 - then a leading ``=`` asks for exact names (otherwise a token is a name prefix);

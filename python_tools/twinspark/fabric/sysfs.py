@@ -23,7 +23,16 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from twinspark import safeio
+
 DEFAULT_ROOT = Path("/sys/class/infiniband")
+MAX_ATTRIBUTE_BYTES = 1 << 16
+"""A sysfs attribute is at most one page (4 KiB, or 64 KiB on 64K-page kernels); anything larger is not one."""
+
+
+class SysfsError(Exception):
+    """The tree under the root is not what the kernel makes: a missing root, or an attribute that is a FIFO, a
+    device or oversized. The message is one line naming the path."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +63,23 @@ class PortInfo:
 
 
 def _read(path: Path) -> str | None:
+    """An attribute's text; None when it is missing or the kernel will not show it (raises SysfsError for a file
+    that is not a regular one or is larger than an attribute can be)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        data = safeio.read_bounded(path, MAX_ATTRIBUTE_BYTES)
+    except (FileNotFoundError, safeio.UnreadableFile):
         return None
+    except safeio.RefusedFile as exc:
+        raise SysfsError(f"{exc}; a sysfs attribute is a small regular file") from None
+    return data.decode("utf-8", errors="replace").strip()
+
+
+def check_root(root: Path) -> None:
+    """Raise SysfsError naming `root` when it is not a directory."""
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a directory"
+        raise SysfsError(f"{root}: {what}; pass --sysfs-root the directory listing the RDMA devices "
+                         f"(default {DEFAULT_ROOT}, present once the RDMA driver is loaded)")
 
 
 def _numbered_children(path: Path) -> list[int]:
@@ -112,7 +134,10 @@ def _mtu(class_net: Path, netdev: str | None) -> int | None:
 
 
 def read_ports(root: Path = DEFAULT_ROOT) -> list[PortInfo]:
-    """Every port of every RDMA device under root, in device-name then port order."""
+    """Every port of every RDMA device under root, in device-name then port order.
+
+    Raises SysfsError when an attribute is a FIFO, a device or oversized (a missing root reads as no ports; see
+    check_root)."""
     try:
         devices = sorted(entry.name for entry in root.iterdir())
     except OSError:

@@ -26,9 +26,9 @@ JOURNAL_HINT = "journalctl -u twinspark-vllm -n 120"
 START_HINT = "start both ranks in order, worker first: ansible-playbook playbooks/start.yml"
 RESTART_HINT = "restart both ranks, worker first: ansible-playbook playbooks/restart.yml"
 
-# vLLM's driver branch requirement on GB10 (RECIPE.md, DGX Spark facts).
+# The driver branch vLLM needs on a GB10 (docs/DRIVERS.md).
 MIN_DRIVER_MAJOR = 580
-# Jumbo frames on every fabric hop (RECIPE.md: MTU 9000, +64% busbw).
+# Jumbo frames on every fabric hop: MTU 9000, well above 1500 in NCCL bus bandwidth (docs/FABRIC.md).
 FABRIC_MTU = 9000
 # Disk below these on the cache/state filesystem: JIT and compile caches stop fitting (degraded), then writes fail.
 DISK_DEGRADED_BYTES = 10 * 2**30
@@ -250,10 +250,15 @@ def check_env(node: str, env: Mapping[str, object]) -> CheckResult:
 
 
 def check_model(node: str, model: Mapping[str, object]) -> CheckResult:
-    """The configured model's files are on the node (config, every shard named by the safetensors index).
+    """The configured model passes the model role's own verification on this node.
 
-    `model` holds `model` (id or path), `revision`, `path` (resolved snapshot directory or None), `missing`
-    (shard names absent), `shards` (how many the index names) and `error`.
+    gather.read_model resolves the model (a directory, or the pinned hub snapshot found offline in HF_HOME) and runs
+    `twinspark model verify`'s rules on it (twinspark/model.py, verify_model_dir): every shard the safetensors index
+    names is there at its full size, and, when the snapshot holds the role's twinspark-manifest.json, every file the
+    manifest lists is there at the size it records. SHA-256 is not recomputed here (the role does that on request).
+    `model` holds `model` (id or path), `revision`, `path` (the resolved directory, None when not on the node),
+    `missing` ("<file> (<what is wrong>)" per problem: missing, short, too long, unreadable header ...), `shards`
+    (how many were checked) and `error` (MODEL unset, or a manifest that cannot be read).
     """
     name = model.get("model") or "?"
     if model.get("error"):
@@ -290,7 +295,7 @@ def check_disk(node: str, disk: Mapping[str, object]) -> CheckResult:
 
 
 def check_earlyoom(node: str, earlyoom: Mapping[str, str]) -> CheckResult:
-    """earlyoom must be off: it kills vLLM under deep-context load (RECIPE.md)."""
+    """earlyoom must be off: it kills vLLM under deep-context load (docs/DRIVERS.md)."""
     active = earlyoom.get("ActiveState", "")
     if earlyoom.get("LoadState") == "loaded" and active in ("active", "activating"):
         return degraded(node, "earlyoom", "earlyoom is running and will kill vLLM under deep-context load",

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from twinspark import netguard
 from twinspark.health import checks, report
 from twinspark.health.checks import CheckResult
 
@@ -131,6 +132,7 @@ def controller_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict,
     from twinspark.health import remote
 
     pair = remote.read_inventory(args.inventory or default_inventory())
+    netguard.check([pair.head.host, pair.worker.host, pair.api_url])
     outcome = remote.sweep(pair, args.timeout, nodes=not args.pair, probe_pair=not args.no_pair)
     results: list[CheckResult] = []
     summaries: dict[str, Mapping[str, object]] = {}
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as error:
         from twinspark.health.remote import InventoryError
 
-        if isinstance(error, InventoryError):
+        if isinstance(error, (InventoryError, netguard.UnsafeRoute)):
             print(f"twinspark health: {error}", file=sys.stderr)
             return 2
         raise

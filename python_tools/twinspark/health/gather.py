@@ -366,7 +366,8 @@ def _short(error: Exception) -> str:
 
 
 def parse_vllm_metrics(text: str) -> dict[str, object]:
-    """vLLM's Prometheus exposition -> running/waiting requests, KV cache usage and spec-decode acceptance.
+    """vLLM's Prometheus exposition -> running/waiting requests, KV cache usage, spec-decode acceptance, and the
+    token counters the pair guard watches for progress (generated and prefilled tokens since vLLM started).
 
     Values are summed over label sets (one per engine/model); KV usage is the largest one (a fraction, 0..1).
     """
@@ -383,6 +384,8 @@ def parse_vllm_metrics(text: str) -> dict[str, object]:
         "waiting": sums.get("vllm:num_requests_waiting"),
         "kv_cache_usage": peaks.get("vllm:kv_cache_usage_perc", peaks.get("vllm:gpu_cache_usage_perc")),
         "spec_acceptance": None,
+        "generation_tokens": sums.get("vllm:generation_tokens_total"),
+        "prompt_tokens": sums.get("vllm:prompt_tokens_total"),
     }
     drafted = sums.get("vllm:spec_decode_num_draft_tokens_total")
     accepted = sums.get("vllm:spec_decode_num_accepted_tokens_total")
@@ -391,6 +394,23 @@ def parse_vllm_metrics(text: str) -> dict[str, object]:
     if metrics["running"] is None and metrics["waiting"] is None:
         metrics["error"] = "no vllm:num_requests_* metrics in the answer (is this vLLM?)"
     return metrics
+
+
+def read_metrics(url: str, timeout: float, session=None) -> dict[str, object]:
+    """The head's /metrics, summarised by parse_vllm_metrics. A failure is an {"error": ...} mapping; when the
+    endpoint did not answer at all (refused, timed out, HTTP error) it also carries "unreachable": True, which
+    tells an API process that hangs apart from one that answers without vLLM's counters."""
+    if session is None:
+        import requests
+
+        session = requests.Session()
+    result, response = _request(session, "GET", f"{url}/metrics", timeout)
+    if response is None or not response.ok:
+        return {"error": result.get("error") or f"HTTP {result.get('status_code')}", "unreachable": True}
+    try:
+        return parse_vllm_metrics(response.text)
+    except ValueError as error:
+        return {"error": f"unparseable exposition: {error}"}
 
 
 def gather_pair(url: str, served_name: str | None, api_key: str | None, timeout: float,
@@ -428,13 +448,7 @@ def gather_pair(url: str, served_name: str | None, api_key: str | None, timeout:
         return result
 
     def metrics() -> dict[str, object]:
-        result, response = _request(session, "GET", f"{url}/metrics", timeout)
-        if response is None or not response.ok:
-            return {"error": result.get("error") or f"HTTP {result.get('status_code')}"}
-        try:
-            return parse_vllm_metrics(response.text)
-        except ValueError as error:
-            return {"error": f"unparseable exposition: {error}"}
+        return read_metrics(url, timeout, session)
 
     probes = {"health": health, "models": models, "generate": generate, "metrics": metrics}
     results: dict[str, object] = {}

@@ -47,10 +47,8 @@ check_nodes() {
 
 network_up() {
   local n i v
-  # Safety net FIRST: with these, a packet for a test address never leaves the machine, even while the bridge is
-  # missing. The bridge's connected route (metric 0) wins over them while it exists.
-  ip route replace blackhole "$IC_PREFIX.0/24" metric 4000
-  ip route replace blackhole "$MGMT_PREFIX.0/24" metric 4000
+  # Safety net FIRST (again; every harness command installs it): see safety_net in common.sh.
+  safety_net
   for n in "${NODES[@]}"; do
     ip netns add "$n"
     ip -n "$n" link set lo up

