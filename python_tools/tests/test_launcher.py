@@ -90,7 +90,7 @@ def test_gb10_default_argv_is_the_recipe_flag_list(tmp_path, capsys, rank):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gb10_fork_flavour_takes_the_recipe_fork_flags_and_knobs(tmp_path, capsys, rank):
     shown = dry_run(capsys, write_defaults(tmp_path, "gb10", rank, "TWINSPARK_RUNTIME_FLAVOUR=fork\n"))
-    assert shown["argv"][3:] == gb10_expected(rank, flavour="fork")
+    assert shown["argv"][4:] == gb10_expected(rank, flavour="fork")
     assert shown["env"]["VLLM_USE_B12X_MOE"] == "1"
     assert shown["env"]["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "4096"
     assert shown["env"]["DSPARK_MAX_INFLIGHT_PREFILLS"] == "2"
