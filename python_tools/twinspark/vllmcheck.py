@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,6 +248,42 @@ def moe_findings(moe_backend: str, hf_config: Mapping, report: Report) -> None:
     report.checked.append(f"MoE: vLLM maps moe_backend={moe_backend} for {experts} experts")
 
 
+def flag_named_in(message: str, argv: Sequence[str], default: str) -> str:
+    """The argv flag a vLLM message is about: a `--flag` it spells out, else a field name (`max_model_len`) whose
+    flag (`--max-model-len`) is in argv, else default."""
+    spelled = FLAG.search(message)
+    if spelled:
+        return spelled.group(1)
+    for word in re.findall(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+", message):
+        flag = "--" + word.replace("_", "-")
+        if flag in argv or any(w.startswith(flag + "=") for w in argv):
+            return flag
+    return default
+
+
+def reason_of(exc: Exception, limit: int = 400) -> str:
+    """vLLM's own words, on one line: pydantic's ValidationError puts the reason under a header line, so the lines
+    that say something ("Value error, ...") are kept and the header and the pydantic URL dropped."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith("For further information")
+            and not re.match(r"\d+ validation errors? for ", line)]
+    text = " ".join(said or lines) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def model_config(engine_args, argv: Sequence[str], report: Report) -> None:
+    """vLLM's own ModelConfig for a model present on this machine (`EngineArgs.create_model_config`): it reads the
+    model's config.json and judges what depends on the model (max_model_len against the model's own limit, dtype,
+    tokenizer, served model name)."""
+    try:
+        engine_args.create_model_config()
+    except Exception as exc:  # noqa: BLE001 - whatever vLLM raises here would stop the engine at start too
+        report.findings.append(Finding(flag_named_in(str(exc), argv, "--model"),
+                                       f"vLLM's model config rejects it: {type(exc).__name__}: {reason_of(exc)}"))
+        return
+    report.checked.append("EngineArgs.create_model_config passed (the model's own limits)")
+
+
 def check(
     argv: Sequence[str],
     hf_config: Mapping | None = None,
@@ -258,6 +295,10 @@ def check(
     engine_args = serve_args(argv, report)
     if engine_args is None:
         return report
+    if os.path.isdir(str(engine_args.model)):
+        model_config(engine_args, argv, report)
+        if not report.ok:
+            return report
     if hf_config is None or capability is None:
         report.notes.append("backend checks skipped: " + ("no config.json" if hf_config is None else "no GPU visible"))
         return report
