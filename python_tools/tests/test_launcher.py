@@ -39,8 +39,8 @@ FLAVOUR_ARGS = {
 
 
 def gb10_expected(rank: int, master: str = "192.0.2.1", flavour: str = "stock") -> list[str]:
-    """The published two-Spark configuration's fixed flags plus the knobs at their defaults, flag by flag; the runtime flavour's own
-    flags (KV-cache dtype, MoE backend) come after the profile's."""
+    """The published two-Spark configuration's fixed flags plus the knobs at their defaults, flag by flag; the
+    runtime flavour's own flags (KV-cache dtype, MoE backend) come after the profile's."""
     return [
         "serve", "deepseek-ai/DeepSeek-V4-Flash-0731",
         "--tensor-parallel-size", "2",
