@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 setup: $(VENV)/.installed
 
 lint: setup
-	ruff check python_tools scripts
+	ruff check python_tools scripts callback_plugins
 	yamllint -s .
 	ansible-playbook -i inventory/example site.yml --syntax-check
 	ansible-lint --profile production
