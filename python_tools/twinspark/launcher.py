@@ -215,9 +215,24 @@ def register(subparsers) -> None:
     parser.set_defaults(func=cmd_serve)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def read_settings(env_files: list[str], use_environ: bool, registry: settings.Registry):
+    """What a rank's unit would run with: the env files (and, with use_environ, this process's environment first),
+    validated against the registry. Returns (validation result, problems as lines); any problem means "do not start".
+    Shared by `twinspark serve` and `twinspark runtime check`, so both judge exactly the same settings."""
     from twinspark import envfile, validate
 
+    raw: dict[str, str] = {}
+    if use_environ:
+        raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
+    read = envfile.read_files(credential_fallback(env_files, os.environ))
+    if read.refused:  # an env file that cannot be read is the one problem worth a line
+        return None, list(read.problems)
+    raw.update(read.values)
+    result = validate.validate(raw, registry)
+    return result, read.problems + [str(p) for p in result.problems]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
     if not args.env_files and not args.environ:
         print("twinspark serve: give --env FILE (repeatable) or --environ", file=sys.stderr)
         return EXIT_INVALID
@@ -225,17 +240,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("twinspark serve: --skip-gid is only for --dry-run", file=sys.stderr)
         return EXIT_INVALID
     registry = settings.load()
-    raw: dict[str, str] = {}
-    if args.environ:
-        raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
-    read = envfile.read_files(credential_fallback(args.env_files, os.environ))
-    if read.refused:  # an env file that cannot be read is the one problem worth a line
-        for line in read.problems:
-            print(line, file=sys.stderr)
-        return EXIT_INVALID
-    raw.update(read.values)
-    result = validate.validate(raw, registry)
-    problems = read.problems + [str(p) for p in result.problems]
+    result, problems = read_settings(args.env_files, args.environ, registry)
     if problems:
         for line in problems:
             print(line, file=sys.stderr)

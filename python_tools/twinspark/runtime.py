@@ -149,7 +149,7 @@ def visible_capability() -> tuple[int, int] | None:
 
 
 def _check_command(args: argparse.Namespace) -> int:
-    from twinspark import envfile, launcher, settings, validate, vllm_entry, vllmcheck
+    from twinspark import launcher, settings, vllm_entry, vllmcheck
 
     name = "twinspark runtime check"
     if not args.env_files and not args.environ:
@@ -161,13 +161,7 @@ def _check_command(args: argparse.Namespace) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     registry = settings.load()
-    raw: dict[str, str] = {}
-    if args.environ:
-        raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
-    read = envfile.read_files(launcher.credential_fallback(args.env_files, os.environ))
-    raw.update(read.values)
-    result = validate.validate(raw, registry)
-    problems = read.problems + [str(p) for p in result.problems]
+    result, problems = launcher.read_settings(args.env_files, args.environ, registry)
     if problems:
         for line in problems:
             print(line, file=sys.stderr)
