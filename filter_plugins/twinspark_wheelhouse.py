@@ -14,7 +14,7 @@ _TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
 if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
-from twinspark import wheelhouse  # noqa: E402
+from twinspark import wheelhouse
 
 
 def twinspark_fork_wheel_problems(wheels):

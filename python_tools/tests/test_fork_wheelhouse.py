@@ -204,7 +204,7 @@ def run_role(step: str, work_dir: Path, wheel_dir: Path, venv_dir: Path, fork_wh
         capture_output=True, text=True, timeout=300, check=False)
     output = done.stdout + done.stderr
     recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
-    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()))) if recap else {}
+    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()), strict=True)) if recap else {}
     return done.returncode, output, counts
 
 
@@ -242,3 +242,24 @@ def test_role_installs_the_fork_once_and_refuses_a_changed_wheel(wheels, tmp_pat
     assert rc != 0 and counts["failed"] == 1
     assert f"{dep}: sha256 is {sha256(dep)}, vllm_runtime_fork_wheels pins {pinned[1]['sha256']}" in output
     assert "Nothing was installed" in output and "Install the fork offline" not in output
+
+
+def test_inventory_validation_checks_the_fork_wheels_before_any_host_is_touched():
+    """playbooks/validate.yml's filter (controller only) reports unusable fork wheels, naming the variable."""
+    from test_serve_env_role import inventory_vars, load_filters
+
+    hostvars, groups = inventory_vars(ROOT / "inventory" / "example")
+    head, worker = groups["twinspark_head"][0], groups["twinspark_worker"][0]
+
+    def with_fork(wheels) -> dict:
+        return {**hostvars, **{host: {**hostvars[host], "twinspark_runtime_flavour": "fork",
+                                      "vllm_runtime_fork_wheels": wheels} for host in (head, worker)}}
+
+    problems = load_filters().twinspark_pair_problems
+    assert problems(with_fork([{"file": "vllm-0.33.0+f1-cp312-cp312-linux_aarch64.whl", "sha256": GOOD}]),
+                    groups) == []
+    assert problems(with_fork([]), groups) == [
+        f"{head}, {worker}: vllm_runtime_fork_wheels must be a non-empty list of {{file: NAME.whl, sha256: HEX}}, "
+        "one per wheel of the fork's wheelhouse (sha256sum *.whl prints both)"]
+    # Under stock the list is not read at all.
+    assert problems({**hostvars, head: {**hostvars[head], "vllm_runtime_fork_wheels": "junk"}}, groups) == []
