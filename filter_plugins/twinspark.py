@@ -14,7 +14,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import envfile, nodeenv, settings
+from twinspark import envfile, nodeenv, settings, wheelhouse
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -75,12 +75,17 @@ def twinspark_node_env(host_vars, *args):
 
 
 def twinspark_pair_problems(all_hostvars, groups):
-    """Every problem of the pair's inventory, one line each; empty when both nodes' envs are valid."""
+    """Every problem of the pair's inventory, one line each; empty when both nodes' envs are valid (and, under the
+    fork flavour, their vllm_runtime_fork_wheels are usable)."""
     try:
-        _pair(groups, all_hostvars)
+        head, worker, envs = _pair(groups, all_hostvars)
     except nodeenv.NodeEnvError as error:
         return list(error.problems)
-    return []
+    found = {host: wheelhouse.problems(all_hostvars[host].get("vllm_runtime_fork_wheels", []))
+             for host in (head, worker) if envs[host][0].get("TWINSPARK_RUNTIME_FLAVOUR") == "fork"}
+    if len(found) == 2 and found[head] == found[worker]:
+        return [f"{head}, {worker}: {line}" for line in found[head]]
+    return [f"{host}: {line}" for host, lines in found.items() for line in lines]
 
 
 def twinspark_env_file(env, file):

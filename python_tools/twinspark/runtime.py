@@ -2,8 +2,10 @@
 
 `twinspark runtime facts [--json]` reports the installed vLLM (distribution and version), torch, the patch status
 and a digest of the installed `twinspark` package (its files' content, not its version number, so a rebuilt package
-with the same version still counts as different). The vllm_runtime role compares these between the two nodes.
-It reads installed metadata only: it imports neither vLLM nor torch.
+with the same version still counts as different), and the runtime flavour (stock or fork): --flavour when given,
+else TWINSPARK_RUNTIME_FLAVOUR from the node's env file (--env-file, default /etc/twinspark/serve.env; the
+registry's default when the file does not set it, null when the file is absent or unreadable). The vllm_runtime
+role compares these between the two nodes. It reads installed metadata only: it imports neither vLLM nor torch.
 
 Exit codes: 0 the report was produced (whatever it says); 2 invalid input.
 
@@ -59,11 +61,30 @@ def _version(name: str, find: Callable[[str], metadata.Distribution]) -> str | N
         return None
 
 
+FLAVOUR_ENV = "TWINSPARK_RUNTIME_FLAVOUR"
+DEFAULT_ENV_FILE = "/etc/twinspark/serve.env"
+
+
+def flavour_from_env(path: Path) -> str | None:
+    """The flavour an env file selects: its TWINSPARK_RUNTIME_FLAVOUR, the registry's default when unset or empty
+    there, None when the file cannot be read (not written yet on a fresh node)."""
+    from twinspark import envfile, settings
+
+    read = envfile.read_files([path])
+    if read.refused:
+        return None
+    if read.values.get(FLAVOUR_ENV):
+        return read.values[FLAVOUR_ENV]
+    knob = next((k for k in settings.load().knobs if k.env == FLAVOUR_ENV), None)
+    return None if knob is None else knob.default
+
+
 def facts(
     site_packages: Path,
     patches_dir: Path,
     find: Callable[[str], metadata.Distribution],
     only: list[str] | None = None,
+    flavour: str | None = None,
 ) -> dict:
     vllm = {name: version for name in patching.DISTRIBUTIONS if (version := _version(name, find))}
     try:
@@ -84,6 +105,7 @@ def facts(
         "twinspark_version": _version(PACKAGE, find),
         "twinspark_digest": package,
         "python": ".".join(map(str, sys.version_info[:3])),
+        "flavour": flavour,
     }
 
 
@@ -92,7 +114,9 @@ def _command(args: argparse.Namespace) -> int:
     if not site_packages.is_dir():
         print(f"twinspark runtime facts: --site-packages {site_packages} is not a directory", file=sys.stderr)
         return 2
-    found = facts(site_packages, Path(args.patches_dir), lambda name: _find(name, site_packages), args.only)
+    flavour = args.flavour or flavour_from_env(Path(args.env_file))
+    found = facts(site_packages, Path(args.patches_dir), lambda name: _find(name, site_packages), args.only,
+                  flavour)
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
     else:
@@ -262,5 +286,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument(
         "--only", action="append", metavar="NAME", help="as for `twinspark patch`: report these patches only"
     )
+    report.add_argument("--env-file", default=DEFAULT_ENV_FILE, metavar="FILE",
+                        help=f"read {FLAVOUR_ENV} from this env file (default: %(default)s)")
+    report.add_argument("--flavour", choices=("stock", "fork"),
+                        help=f"report this flavour instead of reading {FLAVOUR_ENV} from --env-file")
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.set_defaults(func=_command)
