@@ -61,11 +61,6 @@ class Report:
         return not self.findings
 
 
-def _flag_in(message: str, default: str) -> str:
-    found = FLAG.search(message)
-    return found.group(1) if found else default
-
-
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
     """The value after `flag` in argv (the last one wins, as in argparse); None when absent."""
     value = None
@@ -114,7 +109,7 @@ def serve_args(argv: Sequence[str], report: Report):
     except SystemExit:
         message = errors.getvalue().strip().splitlines()
         text = message[-1] if message else "rejected by vLLM's argument parser"
-        report.findings.append(Finding(_flag_in(text, "argv"), f"vLLM's argument parser: {text}"))
+        report.findings.append(Finding(flag_named_in(text, argv, "argv"), f"vLLM's argument parser: {text}"))
         return None
     report.checked.append(f"vllm serve parser accepted {len(argv)} words")
     if getattr(args, "model_tag", None) is not None:
@@ -125,8 +120,8 @@ def serve_args(argv: Sequence[str], report: Report):
         engine_args = AsyncEngineArgs.from_cli_args(args)
         report.checked.append("AsyncEngineArgs.from_cli_args passed")
     except Exception as exc:  # noqa: BLE001 - whatever vLLM raises here would stop the engine at start too
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        report.findings.append(Finding(_flag_in(first, "argv"), f"vLLM rejects it: {type(exc).__name__}: {first}"))
+        report.findings.append(Finding(flag_named_in(str(exc), argv, "argv"),
+                                       f"vLLM rejects it: {type(exc).__name__}: {reason_of(exc)}"))
         return None
     return engine_args
 
