@@ -64,17 +64,15 @@ def parse_phase_record(text: str) -> list[tuple[str, float]]:
         raise RecordError("the phase record is empty: run `make demo` first (it keeps one)")
     if _PRINTED_HEADER in text:
         return _merge(_parse_printed(text))
-    if stripped[0] == "[" or (stripped[0] == "{" and "\n" not in stripped):
-        try:
-            document = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"not JSON: {exc.msg} at line {exc.lineno}") from None
-        if isinstance(document, Mapping) and "phases" in document:
-            document = document["phases"]
-        if isinstance(document, Mapping):
-            document = [document]
+    try:
+        document = json.loads(stripped)
+    except json.JSONDecodeError:
+        document = None  # JSON lines (or not JSON at all: said per line below)
+    if isinstance(document, Mapping) and "phases" in document:
+        document = document["phases"]
         if not isinstance(document, list):
-            raise RecordError("expected a list of {\"phase\", \"seconds\"} objects")
+            raise RecordError("\"phases\" must be a list of {\"phase\", \"seconds\"} objects")
+    if isinstance(document, list):
         return _merge([_phase_row(item, f"item {i}") for i, item in enumerate(document, 1)])
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
