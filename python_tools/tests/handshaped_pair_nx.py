@@ -9,6 +9,8 @@ systemd-run is a file units/<node>/<unit> until `systemctl stop`, and these file
   fail-pip-<node>    the pip unit exits 1 there
   die-rank<N>        that rank's unit is "failed" right after it starts
   leftover-<node>    the scratch directory exists there before the run
+  down-<node>        every command there fails, as nx does for a node that is not running
+  reject-chat        the head's API answers the one-token chat with HTTP 400
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def option(prefix: str) -> str:
     return next(a.removeprefix(prefix) for a in argv if a.startswith(prefix))
 
 
+if (state / f"down-{node}").exists():
+    answer(f"{node} is not running; start the pair with scripts/sim/up", 1)
 if argv == ["true"] or argv[0] == "mkdir":
     answer()
 if argv[0] == "test":
@@ -83,5 +87,7 @@ if argv[0] == "tar":
     sys.stdin.read()
     answer()
 if argv[0] == "/usr/bin/python3" and argv[1] == "-c":
+    if (state / "reject-chat").exists():
+        answer("HTTP 400: b'The model `tiny` does not exist.'", 4)
     answer('"Hello"')
 answer(f"fake nx: unexpected command {argv}", 99)

@@ -335,3 +335,17 @@ def test_bad_input_exits_2_naming_the_flag(tmp_path, pair, args, named):
     done = run_script(tmp_path, pair, *args)
     assert done.returncode == 2 and named in done.stderr
     assert calls(pair) == []
+
+
+def test_a_node_that_is_not_running_is_refused(tmp_path, pair):
+    (pair / "down-node2").touch()
+    done = run_script(tmp_path, pair)
+    assert done.returncode == 2 and "node2 does not answer" in done.stderr and "scripts/sim/up" in done.stderr
+
+
+def test_a_rejected_chat_fails_at_once_not_at_the_deadline(tmp_path, pair):
+    (pair / "reject-chat").touch()
+    done = run_script(tmp_path, pair, "--steps", "model,serve", "--ready-timeout", "600")
+    assert done.returncode == 1 and "rejects the one-token chat: HTTP 400" in done.stderr
+    assert sum(1 for _, a in calls(pair) if a[:2] == ["/usr/bin/python3", "-c"]) == 1
+    assert sorted(n for n, a in calls(pair) if a[0] == "rm") == ["node1", "node2"]
