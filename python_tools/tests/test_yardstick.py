@@ -4,6 +4,7 @@ scratch ranks, and the script end to end against a handshaped nx (no node, no ne
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import os
 import re
@@ -349,3 +350,11 @@ def test_a_rejected_chat_fails_at_once_not_at_the_deadline(tmp_path, pair):
     assert done.returncode == 1 and "rejects the one-token chat: HTTP 400" in done.stderr
     assert sum(1 for _, a in calls(pair) if a[:2] == ["/usr/bin/python3", "-c"]) == 1
     assert sorted(n for n, a in calls(pair) if a[0] == "rm") == ["node1", "node2"]
+
+
+def test_a_held_playbook_lock_is_refused(tmp_path, pair):
+    with open(tmp_path / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = run_script(tmp_path, pair, "--lock-wait", "0")
+    assert done.returncode == 2 and "is held (a playbook is running" in done.stderr
+    assert calls(pair) == []
