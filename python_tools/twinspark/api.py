@@ -194,7 +194,17 @@ def session(ca: str | None = None, pool: int | None = None):
     irrelevant). `pool` sizes the connection pool (the bench's concurrency)."""
     import requests
 
-    out = requests.Session()
+    class PinnedSession(requests.Session):
+        """requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE replace a session's `verify` on every request
+        (merge_environment_settings): with a CA named here, that CA and nothing else is the trust anchor."""
+
+        def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if isinstance(self.verify, str) and verify in (None, True):
+                merged["verify"] = self.verify
+            return merged
+
+    out = PinnedSession()
     if ca:
         out.verify = ca
     if pool:
