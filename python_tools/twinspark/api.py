@@ -190,8 +190,9 @@ def ssl_context(ca: str) -> ssl.SSLContext:
 
 
 def session(ca: str | None = None, pool: int | None = None):
-    """A requests session that verifies https servers against `ca` (None: the system's CAs, for plain http
-    irrelevant). `pool` sizes the connection pool (the bench's concurrency)."""
+    """A requests session that verifies an https server against `ca` and nothing else (None: requests' default CA
+    list, which only matters for an https URL given by hand). `pool` sizes the connection pool (the bench's
+    concurrency)."""
     import requests
 
     class PinnedSession(requests.Session):
