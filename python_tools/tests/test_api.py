@@ -194,3 +194,47 @@ def test_bench_lists_models_over_https_only_with_the_right_ca(https_api, capsys)
     assert cli.main(["bench", "--url", url, "--ca", str(other), "--concurrency", "1"]) == 1
     err = capsys.readouterr().err
     assert "cannot list models" in err and f"does not verify against {other}" in err
+
+
+class ChatApi(FakeVllmApi):
+    """FakeVllmApi plus the one chat route the demo's chat-once.py asks."""
+
+    def do_POST(self):
+        if self.path != "/v1/chat/completions":
+            return super().do_POST()
+        if not self._authorised():
+            return self._send(401, '{"error": "Unauthorized"}')
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send(200, '{"choices": [{"message": {"content": "hello"}}], "usage": {"prompt_tokens": 3, '
+                        '"completion_tokens": 1}}')
+
+
+@needs_openssl
+def test_the_demo_chat_speaks_https_with_the_ca_it_is_given(tmp_path):
+    import subprocess
+    import sys
+
+    cert, key = make_pair(tmp_path, "server")
+    other, _ = make_pair(tmp_path, "other")
+    server = QuietTLSServer(("127.0.0.1", 0), ChatApi)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = Path(__file__).resolve().parents[2] / "scripts" / "sim" / "chat-once.py"
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        def chat(ca: Path) -> subprocess.CompletedProcess:
+            env = {"PATH": "/usr/bin:/bin", "TWINSPARK_API_KEY": "sekrit", "TWINSPARK_API_CA": str(ca)}
+            return subprocess.run([sys.executable, str(script), url, "hi"], capture_output=True, text=True,
+                                  timeout=60, env=env, check=False)
+
+        good = chat(cert)
+        assert good.returncode == 0, good.stderr
+        assert "answer:   'hello'" in good.stdout and "sekrit" not in good.stdout + good.stderr
+        bad = chat(other)
+        assert bad.returncode == 1
+        assert f"does not verify against {other}" in bad.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
