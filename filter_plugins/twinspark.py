@@ -14,7 +14,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import envfile, nodeenv, settings, wheelhouse
+from twinspark import envfile, nodeenv, settings, tls, wheelhouse
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -84,8 +84,17 @@ def twinspark_pair_problems(all_hostvars, groups):
     found = {host: wheelhouse.problems(all_hostvars[host].get("vllm_runtime_fork_wheels", []))
              for host in (head, worker) if envs[host][0].get("TWINSPARK_RUNTIME_FLAVOUR") == "fork"}
     if len(found) == 2 and found[head] == found[worker]:
-        return [f"{head}, {worker}: {line}" for line in found[head]]
-    return [f"{host}: {line}" for host, lines in found.items() for line in lines]
+        lines = [f"{head}, {worker}: {line}" for line in found[head]]
+    else:
+        lines = [f"{host}: {line}" for host, lines in found.items() for line in lines]
+    # The API's TLS files (twinspark_vllm_tls_*) are read on the controller: missing, oversized or mismatched
+    # files stop the run here, before any host is touched.
+    return lines + [f"{head}: {line}" for line in tls.controller_problems(all_hostvars[head])]
+
+
+def twinspark_tls_files(host_vars, node_env):
+    """This node's TLS files for role serve_env: [{var, src, dest, mode}], src none where the node holds none."""
+    return tls.installed_files(host_vars, {str(k): str(v) for k, v in dict(node_env).items() if v is not None})
 
 
 def twinspark_env_file(env, file):
@@ -103,4 +112,5 @@ class FilterModule:
             "twinspark_node_env": twinspark_node_env,
             "twinspark_pair_problems": twinspark_pair_problems,
             "twinspark_env_file": twinspark_env_file,
+            "twinspark_tls_files": twinspark_tls_files,
         }

@@ -18,7 +18,8 @@ from twinspark import pairguard
 
 
 def twinspark_pair_api(env):
-    """The head's node env (twinspark_node_env) -> {url, served_name, max_model_len, headers} for probes.
+    """The head's node env (twinspark_node_env) -> {url, served_name, max_model_len, headers, keyed, ca} for probes
+    (ca: the file on the head that its certificate is verified against; None when the API speaks plain HTTP).
 
     `headers` carries the API key: tasks using it set no_log.
     """
@@ -27,7 +28,7 @@ def twinspark_pair_api(env):
     except ValueError as error:
         raise AnsibleFilterError(str(error)) from None
     return {"url": api.url, "served_name": api.served_name, "max_model_len": api.max_model_len,
-            "headers": api.headers(), "keyed": bool(api.api_key)}
+            "headers": api.headers(), "keyed": bool(api.api_key), "ca": api.ca}
 
 
 def twinspark_pair_restart_reasons(units, flags, flag_path="restart-pending"):

@@ -53,6 +53,18 @@ def test_head_worker_ssh_settings_and_api_url_come_from_the_inventory(tmp_path):
     assert pair.api_url == "http://10.78.0.1:8899"
 
 
+def test_tls_in_the_inventory_makes_the_controller_dial_https_and_verify_against_its_own_copy(tmp_path):
+    tls = INVENTORY.replace("twinspark_vllm_port: 8899\n", "twinspark_vllm_port: 8899\n"
+                            "        twinspark_vllm_tls_cert: \"{{ inventory_dir }}/tls/server.crt\"\n"
+                            "        twinspark_vllm_tls_key: /inv/server.key\n")
+    pair = remote.read_inventory(write(tmp_path, tls))
+    assert (pair.api_url, pair.api_ca) == ("https://10.78.0.1:8899", f"{tmp_path}/tls/server.crt")
+    with_ca = tls.replace("twinspark_vllm_tls_key: /inv/server.key", "twinspark_vllm_tls_key: /inv/server.key\n"
+                          "        twinspark_vllm_tls_ca: /inv/ca.crt")
+    assert remote.read_inventory(write(tmp_path, with_ca)).api_ca == "/inv/ca.crt"
+    assert remote.read_inventory(write(tmp_path, INVENTORY)).api_ca is None
+
+
 def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise(tmp_path):
     text = INVENTORY.replace("ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
                              "ansible_ssh_common_args: -o ServerAliveInterval=15")

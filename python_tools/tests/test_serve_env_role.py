@@ -193,3 +193,26 @@ def test_filter_plugin_finds_the_package_without_an_install(tmp_path):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(ROOT / "python_tools" / "twinspark" / "nodeenv.py")
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_tls_files_go_to_the_head_only_and_the_key_never_shows(tmp_path):
+    """In check mode (nothing is written to this machine's /etc): with twinspark_vllm_tls_cert/_key set, the head
+    would get both files and the worker would get none; the key's content never appears in the output."""
+    etc, state = tmp_path / "etc", tmp_path / "state"
+    state.mkdir()
+    key_text = "-----BEGIN PRIVATE KEY-----\nnot-a-real-key-only-a-marker\n-----END PRIVATE KEY-----\n"
+    (tmp_path / "server.key").write_text(key_text)
+    (tmp_path / "server.crt").write_text("-----BEGIN CERTIFICATE-----\nmarker\n-----END CERTIFICATE-----\n")
+    common = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-e", "ansible_connection=local", "-e",
+              "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}", "-e",
+              f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending", "-e",
+              f"serve_env_cli={TWINSPARK}", "-e", f"twinspark_vllm_tls_cert={tmp_path}/server.crt", "-e",
+              f"twinspark_vllm_tls_key={tmp_path}/server.key", "--check", "-v"]
+    head = playbook(*common, "-l", "node1", check=True)
+    installed = head.stdout.split("TASK [serve_env : Install the API's TLS files on the head]", 1)[1].split("TASK [")[0]
+    assert installed.count("changed: [node1]") == 2, installed
+    assert "not-a-real-key-only-a-marker" not in head.stdout + head.stderr
+    worker = playbook(*common, "-l", "node2", check=True)
+    skipped = worker.stdout.split("TASK [serve_env : Install the API's TLS files on the head]", 1)[1].split("TASK [")[0]
+    assert "changed: [node2]" not in skipped and "skipping: [node2]" in skipped, skipped

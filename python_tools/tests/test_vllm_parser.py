@@ -165,6 +165,32 @@ def test_an_explicit_nvfp4_moe_backend_without_clamp_is_refused_for_a_clamped_mo
         "requested moe_backend='flashinfer_b12x' does not apply the SwiGLU clamp"]
 
 
+TLS_LINES = ("TWINSPARK_VLLM_TLS_CERT=/etc/twinspark/tls/server.crt\n"
+             "TWINSPARK_VLLM_TLS_KEY=/etc/twinspark/tls/server.key\nTWINSPARK_VLLM_TLS_CA=/etc/twinspark/tls/ca.crt\n")
+
+
+def test_tls_on_the_head_is_vllms_own_ssl_flags(vllm_python, hf_home, tmp_path):
+    """The head's argv with TLS on passes the runtime check, and vLLM 0.33.0's own parser puts the two files into
+    its ssl_certfile/ssl_keyfile (the API server's TLS) and nothing into ssl_ca_certs (no client certificates)."""
+    path = env_file(tmp_path, 0, TLS_LINES, hf_home=hf_home)
+    code, report, err = runtime_check(vllm_python, hf_home, path)
+    assert code == 0 and report["findings"] == [], err
+    serve, secrets = nodeenv.example_env("gb10", 0)
+    values = validate.validate({**serve, **secrets, **dict(line.split("=", 1) for line in TLS_LINES.split())}).values
+    argv = launcher.build_command(values).argv[1 + len(launcher.VLLM_ENTRY):]
+    script = ("import json, sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+              "from twinspark import vllmcheck; parser = FlexibleArgumentParser(prog='vllm'); "
+              "sub = parser.add_subparsers(dest='subparser'); "
+              "vllmcheck._serve_cli_args().make_arg_parser(sub.add_parser('serve', prog='vllm serve')); "
+              "args = parser.parse_args(['serve', *json.load(sys.stdin)]); "
+              "print(json.dumps([args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs]))")
+    done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps(argv), capture_output=True, text=True,
+                          timeout=600, env=_vllm_env(hf_home))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["/etc/twinspark/tls/server.crt",
+                                                                "/etc/twinspark/tls/server.key", None]
+
+
 # ---- no vLLM needed below: the glue's own rules and the command's input handling
 
 

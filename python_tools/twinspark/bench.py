@@ -281,6 +281,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key-env", default="TWINSPARK_API_KEY", metavar="VAR",
                         help="environment variable holding the API key, if keys are set (default TWINSPARK_API_KEY; "
                         "it wins over the key read from the head)")
+    parser.add_argument("--ca", metavar="FILE",
+                        help="with an https --url: verify the server's certificate against FILE (the pair's CA, or "
+                        "its self-signed certificate); without --url the inventory's twinspark_vllm_tls_ca/_cert")
     parser.add_argument("--profile", choices=("gb10", "cpu"), default="gb10",
                         help="gb10 shows the recipe's published figures beside the measured ones")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -295,11 +298,13 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-def from_inventory(inventory: str | None, timeout: float = 10.0) -> tuple[str, str | None, str | None]:
-    """(API URL, first API key, served name) of the inventory's head; the key and name come from the head's env
-    files over SSH, as `twinspark health` reads them (None when they cannot be read)."""
+def from_inventory(inventory: str | None, timeout: float = 10.0,
+                   ) -> tuple[str, str | None, str | None, str | None]:
+    """(API URL, first API key, served name, CA file) of the inventory's head; the key and name come from the head's
+    env files over SSH, as `twinspark health` reads them (None when they cannot be read); the CA (None: plain HTTP)
+    from the inventory's TLS settings (twinspark.api.tls_ca_from_inventory)."""
+    from twinspark import api
     from twinspark.health.command import default_inventory
-    from twinspark.health.gather import first_api_key
     from twinspark.health.remote import Connection, read_inventory, read_remote_env
 
     pair = read_inventory(inventory or default_inventory())
@@ -309,45 +314,45 @@ def from_inventory(inventory: str | None, timeout: float = 10.0) -> tuple[str, s
     except Exception as error:  # noqa: BLE001 - without the env files the bench still runs, keyless
         _progress(f"could not read the head's env files ({type(error).__name__}); sending no API key")
         env = {}
-    return pair.api_url, first_api_key(env), env.get("SERVED_MODEL_NAME") or None
+    return pair.api_url, api.first_key(env), env.get("SERVED_MODEL_NAME") or None, pair.api_ca
 
 
 def run(args: argparse.Namespace) -> int:
     import requests
 
+    from twinspark import api
     from twinspark.health.remote import InventoryError
 
     key = (os.environ.get(args.api_key_env, "").split() or [None])[0]
     model = args.model
     url = args.url
+    ca = getattr(args, "ca", None)
     if not url:
         try:
-            url, inventory_key, served = from_inventory(args.inventory)
+            url, inventory_key, served, inventory_ca = from_inventory(args.inventory)
         except InventoryError as error:
             print(f"twinspark bench: {error}", file=sys.stderr)
             return 2
         key = key or inventory_key
         model = model or served
+        ca = ca or inventory_ca
     url = url.rstrip("/")
     try:
         netguard.check([url])
     except netguard.UnsafeRoute as error:
         print(f"twinspark bench: {error}", file=sys.stderr)
         return 2
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    session = requests.Session()
+    headers = api.auth_headers(key)
+    session = api.session(ca, pool=max(args.concurrency))
     if not model:
         try:
             answer = session.get(f"{url}/v1/models", headers=headers, timeout=10)
             answer.raise_for_status()
             model = answer.json()["data"][0]["id"]
         except (requests.RequestException, ValueError, KeyError, IndexError) as error:
-            print(f"twinspark bench: cannot list models at {url}/v1/models ({type(error).__name__}: "
-                  f"{str(error)[:120]}); is the pair serving? `twinspark health` tells", file=sys.stderr)
+            print(f"twinspark bench: cannot list models at {url}/v1/models ({api.describe_error(error, ca)[:200]}); "
+                  "is the pair serving? `twinspark health` tells", file=sys.stderr)
             return 1
-    adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(args.concurrency))
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
     levels: list[LevelResult] = []
     serial = 0
     serial_lock = threading.Lock()

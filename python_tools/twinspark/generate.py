@@ -113,6 +113,9 @@ def config_markdown(registry: Registry) -> str:
                 facts.append(f"{'/'.join(knob.flavours)} runtime only (an error under the others)")
             if knob.per_node:
                 facts.append("may differ per node")
+            if knob.installed_as is not None:
+                facts.append(f"a file on the controller, copied to the head as `{knob.installed_as.path}` "
+                             f"({knob.installed_as.mode}, at most {knob.installed_as.max_bytes} bytes)")
             if knob.secret:
                 facts.append("secret")
             lines += [f"### `{knob.env}`", "", " · ".join(facts), "", knob.doc, ""]

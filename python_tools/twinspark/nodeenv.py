@@ -97,6 +97,13 @@ def node_env(
             if knob.type == "choice" and isinstance(value, bool) and "off" in knob.choices:
                 value = "on" if value else "off"  # YAML 1.1 reads an unquoted `off` as false
             text = env_text(value)
+            if text is not None and knob.installed_as is not None:
+                problem = installed_problem(knob, text)
+                if problem:
+                    problems.append(problem)
+                if text.strip() and rank == 0:
+                    raw[knob.env] = knob.installed_as.path  # the head's copy; the worker gets none
+                continue
             if text is not None:
                 raw[knob.env] = text
 
@@ -121,6 +128,15 @@ def node_env(
     serve = {k: v for k, v in result.values.items() if registry[k].file == "serve"}
     secrets = {k: v for k, v in result.values.items() if registry[k].file == "secrets"}
     return serve, secrets
+
+
+def installed_problem(knob: Knob, text: str) -> str | None:
+    """What is wrong with the controller path an installed_as knob names, before the file is looked at."""
+    text = text.strip()
+    if text and not text.startswith("/"):
+        return (f"{knob.var}: must be an absolute path to a file on the controller (got {text!r}); write it as "
+                f"\"{{{{ inventory_dir }}}}/{text}\" to keep it beside the inventory")
+    return None
 
 
 def _unknown_name(name: str, registry: Registry) -> str | None:
@@ -175,7 +191,7 @@ def pair_envs(
     if not problems and len(envs) == 2:
         merged = [{**serve, **secrets} for serve, secrets in (envs[head], envs[worker])]
         for knob in registry.knobs:
-            if knob.per_node or knob.derived:
+            if knob.per_node or knob.derived or knob.installed_as is not None:  # installed_as: the head's alone
                 continue
             left, right = merged[0].get(knob.env), merged[1].get(knob.env)
             if left != right:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
+from twinspark import api as head_api
 from twinspark import atomic
 
 UNIT = "twinspark-vllm.service"
@@ -98,7 +99,7 @@ class Sample:
 
 
 def sample_from_metrics(metrics: Mapping[str, object], at: float) -> Sample:
-    """twinspark.health.gather.read_metrics' answer -> a Sample."""
+    """twinspark.api.read_metrics' answer -> a Sample."""
 
     def number(key: str) -> float | None:
         value = metrics.get(key)
@@ -367,42 +368,11 @@ def after_restart(state: GuardState, started_at: float, ok: bool, reason: str, p
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Api:
-    url: str  # base URL reachable from the head itself, e.g. http://127.0.0.1:8888
-    served_name: str
-    max_model_len: int | None
-    api_key: str | None = field(default=None, repr=False)
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-def probe_host(bind: str) -> str:
-    """Where the head itself reaches an API bound to `bind`: a wildcard bind is probed on loopback."""
-    bind = bind.strip()
-    if bind in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if bind == "::":
-        return "[::1]"
-    return f"[{bind}]" if ":" in bind else bind
-
-
-def api_from_env(env: Mapping[str, str]) -> Api:
-    """The head's API as its env files describe it (VLLM_HOST, VLLM_PORT, SERVED_MODEL_NAME, MAX_MODEL_LEN, keys).
-
-    Probes send the first key, as the health check and the launcher do (roles/vllm_service/README.md); the key
-    is kept out of repr() and never logged.
-    """
-    port = int(str(env.get("VLLM_PORT") or "8888"), 10)
-    keys = (env.get("VLLM_API_KEY") or "").split() or (env.get("DSPARK_API_KEYS") or "").split()
-    max_len = str(env.get("MAX_MODEL_LEN") or "").strip()
-    served = (env.get("SERVED_MODEL_NAME") or "").strip()
-    if not served:
-        raise ValueError("SERVED_MODEL_NAME is empty in the env files: the guard cannot tell which model the head "
-                         "must list; render the env files with ansible-playbook site.yml")
-    return Api(url=f"http://{probe_host(env.get('VLLM_HOST') or '')}:{port}", served_name=served,
-               max_model_len=int(max_len) if max_len else None, api_key=keys[0] if keys else None)
+# The head's API (its URL, key, TLS verification and the probes themselves) lives in twinspark.api; these names
+# stay importable from here for the filters and tests that use them.
+Api = head_api.Api
+probe_host = head_api.probe_host
+api_from_env = head_api.api_from_env
 
 
 def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeout_s: float) -> tuple[Probe, str]:
@@ -576,16 +546,12 @@ class Pair:
     # -- the API --
     def probe(self, timeout_s: float) -> tuple[Probe, str]:
         """Ask the head's API the health tools' questions (twinspark.health.gather) and classify the answers."""
-        from twinspark.health import gather
-
-        results = gather.gather_pair(self.api.url, self.api.served_name, self.api.api_key, timeout_s)
+        results = head_api.gather(self.api.url, self.api.served_name, self.api.api_key, timeout_s, ca=self.api.ca)
         return classify_probe(results, self.api, timeout_s)
 
     def sample(self, timeout_s: float) -> Sample:
         """One reading of the head's /metrics (no key needed: vLLM serves it outside /v1)."""
-        from twinspark.health import gather
-
-        return sample_from_metrics(gather.read_metrics(self.api.url, timeout_s), time.time())
+        return sample_from_metrics(head_api.read_metrics(self.api.url, timeout_s, ca=self.api.ca), time.time())
 
     def observe(self, probe_timeout_s: float, policy: Policy | None = None,
                 state: GuardState | None = None) -> Observation:

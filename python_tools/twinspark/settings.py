@@ -27,12 +27,23 @@ EMPTY_MEANINGS = ("default", "absent", "keep")
 KNOWN_FIELDS = {
     "env", "var", "type", "default", "default_from", "choices", "min", "max", "min_exclusive", "multiple_of",
     "allow_auto", "empty", "profiles", "required", "derived", "per_node", "secret", "concern", "file", "passes",
-    "arg", "doc", "single", "flavours",
+    "arg", "doc", "single", "flavours", "installed_as",
 }
+INSTALLED_FIELDS = {"path", "mode", "max_bytes", "pem"}
 
 
 class RegistryError(ValueError):
     """settings.yml itself is malformed (a defect in the package, not in the operator's input)."""
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Where a controller-side file a knob names lands on the head, and what it must be."""
+
+    path: str
+    mode: str
+    max_bytes: int
+    pem: str  # the PEM block kind the file must hold (CERTIFICATE, PRIVATE KEY)
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class Knob:
     arg: str | None = None
     flavours: tuple[str, ...] = FLAVOURS
     """The runtime flavours that read the knob; under another flavour setting it is an error."""
+    installed_as: Installed | None = None
+    """The inventory names a controller file; the head gets a copy there and its env file names the copy."""
 
     def applies_to(self, profile: str) -> bool:
         return profile in self.profiles
@@ -238,6 +251,7 @@ def parse_registry(data: dict[str, Any]) -> Registry:
             single=bool(entry.get("single", False)),
             arg=entry.get("arg"),
             flavours=_tuple(entry.get("flavours", FLAVOURS)),
+            installed_as=_installed(env, entry.get("installed_as")),
         )
         _check_knob(knob)
         knobs.append(knob)
@@ -278,6 +292,18 @@ def parse_registry(data: dict[str, Any]) -> Registry:
     )
 
 
+def _installed(env: str, spec: Any) -> Installed | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or set(spec) != INSTALLED_FIELDS:
+        raise RegistryError(f"{env}: installed_as needs exactly {sorted(INSTALLED_FIELDS)}")
+    installed = Installed(path=str(spec["path"]), mode=str(spec["mode"]), max_bytes=int(spec["max_bytes"]),
+                          pem=str(spec["pem"]))
+    if not installed.path.startswith("/") or installed.max_bytes <= 0:
+        raise RegistryError(f"{env}: installed_as needs an absolute path and a positive max_bytes")
+    return installed
+
+
 def _check_knob(knob: Knob) -> None:
     checks = [
         (knob.type in TYPES, f"type {knob.type!r}"),
@@ -291,6 +317,8 @@ def _check_knob(knob: Knob) -> None:
         (knob.passes != "arg" or bool(knob.arg), "passes: arg without an arg"),
         (knob.type != "choice" or bool(knob.choices), "choice without choices"),
         (knob.secret == (knob.file == "secrets"), "secret knobs, and only they, live in secrets.env"),
+        (knob.installed_as is None or (knob.type == "path" and not knob.per_node and knob.default is None),
+         "installed_as on a knob that is not a path without default, the same on both nodes"),
     ]
     for ok, what in checks:
         if not ok:

@@ -367,6 +367,15 @@ def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
     if model.startswith("/") and values.get("MODEL_REVISION"):
         problems.append(Problem("MODEL_REVISION", f"must be empty for a local model directory (MODEL={model}); "
                                                   "set MODEL_REVISION= (empty)"))
+    cert_env, key_env, ca_env = "TWINSPARK_VLLM_TLS_CERT", "TWINSPARK_VLLM_TLS_KEY", "TWINSPARK_VLLM_TLS_CA"
+    cert, key, ca = values.get(cert_env), values.get(key_env), values.get(ca_env)
+    if bool(cert) != bool(key):
+        missing, present = (key_env, cert_env) if cert else (cert_env, key_env)
+        problems.append(Problem(missing, f"must be set together with {present} (TLS needs both the certificate and "
+                                         "its key); set both, or neither for plain HTTP"))
+    if ca and not cert:
+        problems.append(Problem(ca_env, f"is set but TLS is off (no {cert_env}); set the certificate and key too, "
+                                        "or remove it"))
     if values.get("VLLM_API_KEY") and values.get("DSPARK_API_KEYS"):
         problems.append(Problem("VLLM_API_KEY, DSPARK_API_KEYS", "both are set; keep exactly one of them "
                                                                  "(DSPARK_API_KEYS holds several keys)"))

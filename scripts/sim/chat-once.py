@@ -2,7 +2,8 @@
 """Ask the serving pair one chat question through the head's OpenAI-compatible API and print the answer.
 
 Usage: chat-once.py BASE_URL [QUESTION]
-The API key, when the pair has one, comes from the environment (TWINSPARK_API_KEY) and is never printed.
+The API key, when the pair has one, comes from the environment (TWINSPARK_API_KEY) and is never printed. An https
+BASE_URL is verified against the file TWINSPARK_API_CA names (the pair's CA, or its self-signed certificate).
 The first request after a start compiles a kernel on each rank, so the wait is long but bounded.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_tools"))
-from twinspark import netguard  # noqa: E402
+from twinspark import api, netguard  # noqa: E402
 
 TIMEOUT_S = 300
 
@@ -32,15 +33,15 @@ def main(argv: list[str]) -> int:
     except netguard.UnsafeRoute as error:
         print(f"chat-once: {error}", file=sys.stderr)
         return 2
-    headers = {}
-    if os.environ.get("TWINSPARK_API_KEY"):
-        headers["Authorization"] = f"Bearer {os.environ['TWINSPARK_API_KEY']}"
+    headers = api.auth_headers(os.environ.get("TWINSPARK_API_KEY") or None)
+    ca = os.environ.get("TWINSPARK_API_CA") or None
+    http = api.session(ca)
     try:
-        models = requests.get(f"{base}/v1/models", headers=headers, timeout=30)
+        models = http.get(f"{base}/v1/models", headers=headers, timeout=30)
         models.raise_for_status()
         model = models.json()["data"][0]["id"]
         started = time.monotonic()
-        answer = requests.post(
+        answer = http.post(
             f"{base}/v1/chat/completions",
             headers=headers,
             json={"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 16},
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
         )
         answer.raise_for_status()
     except (requests.RequestException, KeyError, IndexError, ValueError) as error:
-        print(f"chat completion through {base} failed: {error}", file=sys.stderr)
+        print(f"chat completion through {base} failed: {api.describe_error(error, ca)}", file=sys.stderr)
         return 1
     body = answer.json()
     usage = body.get("usage", {})

@@ -98,9 +98,11 @@ def local_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict
         nodes[name] = node_summary(facts)
     metrics: dict[str, object] = {}
     if args.pair or (gather.is_head(env) and not args.no_pair):
-        url = gather.api_url(env.get("VLLM_HOST", ""), env.get("VLLM_PORT") or gather.DEFAULT_PORT)
+        from twinspark import api
+
+        url = api.url_from_env(env)
         served = env.get("SERVED_MODEL_NAME") or None
-        pair = gather.gather_pair(url, served, gather.first_api_key(env), args.timeout)
+        pair = api.gather(url, served, api.first_key(env), args.timeout, ca=api.tls_ca(env))
         results += checks.pair_checks(url, pair, served, _int(env.get("MAX_MODEL_LEN")), args.timeout,
                                       _down(results))
         metrics = _pair_metrics(pair)

@@ -14,9 +14,7 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SERVE_ENV = Path("/etc/twinspark/serve.env")
@@ -327,138 +325,48 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The pair's API
+# The pair's API: every rule and request lives in twinspark.api; these names stay for existing callers.
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def api_url(host: str, port: int | str) -> str:
-    """The URL probes use: wildcard bind addresses map to loopback, IPv6 is bracketed."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{int(str(port))}"
+def api_url(host: str, port: int | str, ca: str | None = None) -> str:
+    """The URL probes use: wildcard bind addresses map to loopback, IPv6 is bracketed; https when a CA is given."""
+    from twinspark import api
+
+    return api.base_url(host, port, tls=ca is not None)
 
 
 def first_api_key(env: Mapping[str, str]) -> str | None:
     """The key probes send: VLLM_API_KEY, or the first of DSPARK_API_KEYS (blank means unset)."""
-    for name in ("VLLM_API_KEY", "DSPARK_API_KEYS"):
-        tokens = (env.get(name) or "").split()
-        if tokens:
-            return tokens[0]
-    return None
+    from twinspark import api
+
+    return api.first_key(env)
 
 
 def _request(session, method: str, url: str, timeout: float, **kwargs) -> tuple[dict[str, object], object]:
-    started = time.monotonic()
-    try:
-        response = session.request(method, url, timeout=timeout, **kwargs)
-    except Exception as error:  # noqa: BLE001 - requests' whole family of connection errors is the finding
-        kind = type(error).__name__
-        text = "no answer within the timeout" if "Timeout" in kind else f"{kind}: {_short(error)}"
-        return {"error": text, "elapsed": time.monotonic() - started}, None
-    return {"status_code": response.status_code, "elapsed": time.monotonic() - started}, response
+    from twinspark import api
 
-
-def _short(error: Exception) -> str:
-    text = str(error)
-    match = re.search(r"\[Errno -?\d+\] ([^')\"]+)", text)
-    return match.group(1) if match else text[:160]
+    return api.request(session, method, url, timeout, **kwargs)
 
 
 def parse_vllm_metrics(text: str) -> dict[str, object]:
-    """vLLM's Prometheus exposition -> running/waiting requests, KV cache usage, spec-decode acceptance, and the
-    token counters the pair guard watches for progress (generated and prefilled tokens since vLLM started).
+    """vLLM's Prometheus exposition, summarised (twinspark.api.parse_metrics)."""
+    from twinspark import api
 
-    Values are summed over label sets (one per engine/model); KV usage is the largest one (a fraction, 0..1).
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    sums: dict[str, float] = {}
-    peaks: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-            peaks[sample.name] = max(peaks.get(sample.name, sample.value), sample.value)
-    metrics: dict[str, object] = {
-        "running": sums.get("vllm:num_requests_running"),
-        "waiting": sums.get("vllm:num_requests_waiting"),
-        "kv_cache_usage": peaks.get("vllm:kv_cache_usage_perc", peaks.get("vllm:gpu_cache_usage_perc")),
-        "spec_acceptance": None,
-        "generation_tokens": sums.get("vllm:generation_tokens_total"),
-        "prompt_tokens": sums.get("vllm:prompt_tokens_total"),
-    }
-    drafted = sums.get("vllm:spec_decode_num_draft_tokens_total")
-    accepted = sums.get("vllm:spec_decode_num_accepted_tokens_total")
-    if drafted:
-        metrics["spec_acceptance"] = (accepted or 0.0) / drafted
-    if metrics["running"] is None and metrics["waiting"] is None:
-        metrics["error"] = "no vllm:num_requests_* metrics in the answer (is this vLLM?)"
-    return metrics
+    return api.parse_metrics(text)
 
 
-def read_metrics(url: str, timeout: float, session=None) -> dict[str, object]:
-    """The head's /metrics, summarised by parse_vllm_metrics. A failure is an {"error": ...} mapping; when the
-    endpoint did not answer at all (refused, timed out, HTTP error) it also carries "unreachable": True, which
-    tells an API process that hangs apart from one that answers without vLLM's counters."""
-    if session is None:
-        import requests
+def read_metrics(url: str, timeout: float, session=None, ca: str | None = None) -> dict[str, object]:
+    """The head's /metrics, summarised (twinspark.api.read_metrics)."""
+    from twinspark import api
 
-        session = requests.Session()
-    result, response = _request(session, "GET", f"{url}/metrics", timeout)
-    if response is None or not response.ok:
-        return {"error": result.get("error") or f"HTTP {result.get('status_code')}", "unreachable": True}
-    try:
-        return parse_vllm_metrics(response.text)
-    except ValueError as error:
-        return {"error": f"unparseable exposition: {error}"}
+    return api.read_metrics(url, timeout, session, ca=ca)
 
 
 def gather_pair(url: str, served_name: str | None, api_key: str | None, timeout: float,
-                session=None) -> dict[str, object]:
-    """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics, concurrently."""
-    if session is None:
-        import requests
+                session=None, ca: str | None = None) -> dict[str, object]:
+    """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics
+    (twinspark.api.gather); https verified against `ca` when the URL is https."""
+    from twinspark import api
 
-        session = requests.Session()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    def health() -> dict[str, object]:
-        return _request(session, "GET", f"{url}/health", timeout)[0]
-
-    def models() -> dict[str, object]:
-        result, response = _request(session, "GET", f"{url}/v1/models", timeout, headers=headers)
-        if response is not None and response.ok:
-            try:
-                result["json"] = response.json()
-            except ValueError:
-                result["error"] = "the answer is not JSON"
-        return result
-
-    def generate() -> dict[str, object]:
-        body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
-        result, response = _request(session, "POST", f"{url}/v1/completions", timeout, headers=headers, json=body)
-        if response is not None and response.ok:
-            try:
-                answer = response.json()
-                result["tokens"] = int((answer.get("usage") or {}).get("completion_tokens") or 0)
-            except (ValueError, AttributeError, TypeError):
-                result["error"] = "the answer is not a completion"
-        elif response is not None:
-            result["body"] = response.text[:200]
-        return result
-
-    def metrics() -> dict[str, object]:
-        return read_metrics(url, timeout, session)
-
-    probes = {"health": health, "models": models, "generate": generate, "metrics": metrics}
-    results: dict[str, object] = {}
-    if served_name is None:
-        # The configuration could not be read: ask the server what it serves, then generate with that.
-        results["models"] = models()
-        listed = (results["models"].get("json") or {}).get("data") or [{}]
-        served_name = str(listed[0].get("id") or "")
-        del probes["models"]
-    with ThreadPoolExecutor(max_workers=len(probes)) as pool:
-        futures = {name: pool.submit(probe) for name, probe in probes.items()}
-        results.update({name: future.result() for name, future in futures.items()})
-    return results
+    return api.gather(url, served_name, api_key, timeout, session, ca=ca)

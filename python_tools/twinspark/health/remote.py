@@ -42,6 +42,9 @@ class Pair:
     head: Node
     worker: Node
     api_url: str
+    api_ca: str | None = None
+    """The controller-side file the API's certificate is verified against (twinspark.api.tls_ca_from_inventory);
+    None: the API speaks plain HTTP."""
 
 
 def _accepts_unknown_host_keys(hostvars: Mapping[str, object]) -> bool:
@@ -94,17 +97,22 @@ def read_inventory(source: str | Path) -> Pair:
             key_file=str(Path(str(key_file)).expanduser()) if key_file else None,
             accept_unknown_host_key=_accepts_unknown_host_keys(settings),
         )
-        return found, {"api_port": value("twinspark_vllm_port", DEFAULT_API_PORT)}
+        from twinspark import api
+
+        tls = {name: value(name) for name in (api.TLS_CERT_VAR, api.TLS_CA_VAR)}
+        return found, {"api_port": value("twinspark_vllm_port", DEFAULT_API_PORT),
+                       "api_ca": api.tls_ca_from_inventory(tls)}
 
     head, head_vars = node(one(HEAD_GROUP), "head")
     worker, _ = node(one(WORKER_GROUP), "worker")
-    from twinspark.health.gather import api_url
+    from twinspark import api
 
     try:
         port = int(str(head_vars["api_port"]))
     except ValueError:
         raise InventoryError(f"twinspark_vllm_port must be a port number (got {head_vars['api_port']!r})") from None
-    return Pair(head=head, worker=worker, api_url=api_url(head.host, port))
+    ca = head_vars["api_ca"]
+    return Pair(head=head, worker=worker, api_url=api.base_url(head.host, port, tls=ca is not None), api_ca=ca)
 
 
 class Connection:
@@ -209,7 +217,7 @@ class SweepResult:
 
 def sweep(pair: Pair, timeout: float, nodes: bool = True, probe_pair: bool = True) -> SweepResult:
     """Both nodes' agents and the pair's API, all at once. Each part's failure is recorded, never raised."""
-    from twinspark.health.gather import first_api_key, gather_pair
+    from twinspark import api
 
     head_env: Future = Future()
     reports: dict[str, dict[str, object]] = {}
@@ -242,7 +250,8 @@ def sweep(pair: Pair, timeout: float, nodes: bool = True, probe_pair: bool = Tru
             env = head_env.result(timeout=timeout * 2) or {}
         except TimeoutError:
             env = {}
-        return gather_pair(pair.api_url, env.get("SERVED_MODEL_NAME") or None, first_api_key(env), timeout)
+        return api.gather(pair.api_url, env.get("SERVED_MODEL_NAME") or None, api.first_key(env), timeout,
+                          ca=pair.api_ca)
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         jobs = [pool.submit(node_job, pair.head)]

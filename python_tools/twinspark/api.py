@@ -1,0 +1,294 @@
+"""The head's OpenAI-compatible API as every TwinSpark client reaches it: one home for the rules.
+
+Which base URL (scheme, the host to dial for a bind address, the port), which key to send, whether to speak TLS and
+what to verify the server's certificate against, the one-token probe, and reading /metrics. The pair guard, `twinspark
+health` (on a node and from the controller), `twinspark bench`, the front door's closing health table, the demo's chat
+and the vllm_service role's readiness waits (through filter_plugins/twinspark_service.py) all come through here, so
+they cannot drift apart.
+
+Rules are plain functions over the env mapping (serve.env + secrets.env as `nodeenv`/`launcher.read_settings` read
+them) or over inventory values; HTTP happens only in `request`, `read_metrics` and `gather`, and the TLS context is
+built only in `session` / `ssl_context`.
+
+TLS is on when the head's env names a certificate (TWINSPARK_VLLM_TLS_CERT, rendered from the inventory's
+twinspark_vllm_tls_cert). Probes then verify the server against TWINSPARK_VLLM_TLS_CA, or against the certificate itself
+when no CA is named (a self-signed pair certificate). Hostname checking stays on: the certificate must name the
+address a client dials (127.0.0.1 for the head's own probes when vLLM binds a wildcard address). See docs/SECURITY.md.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+DEFAULT_PORT = 8888
+
+# Env names (serve.env) and inventory variables of the TLS settings (python_tools/twinspark/settings.yml).
+TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "TWINSPARK_VLLM_TLS_CERT", "TWINSPARK_VLLM_TLS_KEY", "TWINSPARK_VLLM_TLS_CA"
+TLS_CERT_VAR, TLS_KEY_VAR, TLS_CA_VAR = "twinspark_vllm_tls_cert", "twinspark_vllm_tls_key", "twinspark_vllm_tls_ca"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Api:
+    """The head's API as a client sees it. The key is kept out of repr() and never logged."""
+
+    url: str  # base URL, e.g. http://127.0.0.1:8888 or https://127.0.0.1:8888
+    served_name: str
+    max_model_len: int | None
+    api_key: str | None = field(default=None, repr=False)
+    ca: str | None = None  # the file the server's certificate is verified against; None: plain HTTP
+
+    def headers(self) -> dict[str, str]:
+        return auth_headers(self.api_key)
+
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("https://")
+
+
+def auth_headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def probe_host(bind: str) -> str:
+    """Where a client on the head itself reaches an API bound to `bind`: a wildcard bind is probed on loopback;
+    an IPv6 literal is bracketed for a URL. A host name passes unchanged."""
+    bind = (bind or "").strip()
+    if bind in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if bind in ("::", "[::]"):
+        return "[::1]"
+    if ":" in bind and not bind.startswith("["):
+        return f"[{bind}]"
+    return bind
+
+
+def base_url(host: str, port: int | str, tls: bool = False) -> str:
+    """The API's base URL for a host (or bind address) and port; https when `tls`."""
+    return f"{'https' if tls else 'http'}://{probe_host(host)}:{int(str(port), 10)}"
+
+
+def first_key(env: Mapping[str, str]) -> str | None:
+    """The key probes send: VLLM_API_KEY, or the first of DSPARK_API_KEYS (blank means unset)."""
+    for name in ("VLLM_API_KEY", "DSPARK_API_KEYS"):
+        tokens = (env.get(name) or "").split()
+        if tokens:
+            return tokens[0]
+    return None
+
+
+def tls_ca(env: Mapping[str, str]) -> str | None:
+    """What a client on the head verifies the API's certificate against, from the node's env files: the CA when one
+    is named, else the certificate itself (self-signed); None when the API speaks plain HTTP."""
+    cert = (env.get(TLS_CERT_ENV) or "").strip()
+    if not cert:
+        return None
+    return (env.get(TLS_CA_ENV) or "").strip() or cert
+
+
+def tls_ca_from_inventory(head_vars: Mapping[str, object]) -> str | None:
+    """The same choice from the controller: the head's inventory names the files on the controller, so a client
+    there verifies against twinspark_vllm_tls_ca, else twinspark_vllm_tls_cert; None when TLS is off."""
+    cert = str(head_vars.get(TLS_CERT_VAR) or "").strip()
+    if not cert:
+        return None
+    return str(head_vars.get(TLS_CA_VAR) or "").strip() or cert
+
+
+def url_from_env(env: Mapping[str, str]) -> str:
+    """The base URL a client on the head uses, from VLLM_HOST (the bind), VLLM_PORT and the TLS settings."""
+    return base_url(env.get("VLLM_HOST") or "", env.get("VLLM_PORT") or DEFAULT_PORT, tls=tls_ca(env) is not None)
+
+
+def api_from_env(env: Mapping[str, str]) -> Api:
+    """The head's API as its env files describe it (VLLM_HOST, VLLM_PORT, SERVED_MODEL_NAME, MAX_MODEL_LEN, keys,
+    TLS). Probes send the first key (roles/vllm_service/README.md). Raises ValueError naming the fix."""
+    port = int(str(env.get("VLLM_PORT") or DEFAULT_PORT), 10)
+    max_len = str(env.get("MAX_MODEL_LEN") or "").strip()
+    served = (env.get("SERVED_MODEL_NAME") or "").strip()
+    if not served:
+        raise ValueError("SERVED_MODEL_NAME is empty in the env files: the guard cannot tell which model the head "
+                         "must list; render the env files with ansible-playbook site.yml")
+    ca = tls_ca(env)
+    return Api(url=base_url(env.get("VLLM_HOST") or "", port, tls=ca is not None), served_name=served,
+               max_model_len=int(max_len) if max_len else None, api_key=first_key(env), ca=ca)
+
+
+def one_token_body(served_name: str | None) -> dict[str, object]:
+    """The liveness probe's request: one greedy token from /v1/completions."""
+    return {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+
+
+def parse_metrics(text: str) -> dict[str, object]:
+    """vLLM's Prometheus exposition -> running/waiting requests, KV cache usage, spec-decode acceptance, and the
+    token counters the pair guard watches for progress (generated and prefilled tokens since vLLM started).
+
+    Values are summed over label sets (one per engine/model); KV usage is the largest one (a fraction, 0..1).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            peaks[sample.name] = max(peaks.get(sample.name, sample.value), sample.value)
+    metrics: dict[str, object] = {
+        "running": sums.get("vllm:num_requests_running"),
+        "waiting": sums.get("vllm:num_requests_waiting"),
+        "kv_cache_usage": peaks.get("vllm:kv_cache_usage_perc", peaks.get("vllm:gpu_cache_usage_perc")),
+        "spec_acceptance": None,
+        "generation_tokens": sums.get("vllm:generation_tokens_total"),
+        "prompt_tokens": sums.get("vllm:prompt_tokens_total"),
+    }
+    drafted = sums.get("vllm:spec_decode_num_draft_tokens_total")
+    accepted = sums.get("vllm:spec_decode_num_accepted_tokens_total")
+    if drafted:
+        metrics["spec_acceptance"] = (accepted or 0.0) / drafted
+    if metrics["running"] is None and metrics["waiting"] is None:
+        metrics["error"] = "no vllm:num_requests_* metrics in the answer (is this vLLM?)"
+    return metrics
+
+
+def describe_error(error: Exception, ca: str | None = None) -> str:
+    """One line for a failed request: a TLS failure says what was verified against what and the fix."""
+    kind = type(error).__name__
+    text = str(error)
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        match = re.search(r"certificate verify failed: ([^(')\"]+)", text)
+        reason = match.group(1).strip() if match else "certificate verify failed"
+        against = f"against {ca}" if isinstance(ca, str) else "against the system's CAs"
+        return (f"TLS: the server's certificate does not verify {against} ({reason}); set twinspark_vllm_tls_ca to "
+                "the CA that signed it (or the certificate itself when self-signed)")
+    if "WRONG_VERSION_NUMBER" in text or "record layer failure" in text:
+        return (f"{kind}: the server does not speak TLS; twinspark_vllm_tls_cert is set here but the pair serves "
+                "plain HTTP (converge with site.yml)")
+    match = re.search(r"\[Errno -?\d+\] ([^')\"]+)", text)
+    return f"{kind}: {match.group(1) if match else text[:160]}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# I/O: TLS context, requests
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def ssl_context(ca: str) -> ssl.SSLContext:
+    """A client context that verifies the server's chain against `ca` alone, and its host name."""
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def session(ca: str | None = None, pool: int | None = None):
+    """A requests session that verifies an https server against `ca` and nothing else (None: requests' default CA
+    list, which only matters for an https URL given by hand). `pool` sizes the connection pool (the bench's
+    concurrency)."""
+    import requests
+
+    class PinnedSession(requests.Session):
+        """requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE replace a session's `verify` on every request
+        (merge_environment_settings): with a CA named here, that CA and nothing else is the trust anchor."""
+
+        def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if isinstance(self.verify, str) and verify in (None, True):
+                merged["verify"] = self.verify
+            return merged
+
+    out = PinnedSession()
+    if ca:
+        out.verify = ca
+    if pool:
+        adapter = requests.adapters.HTTPAdapter(pool_maxsize=pool)
+        out.mount("http://", adapter)
+        out.mount("https://", adapter)
+    return out
+
+
+def request(http, method: str, url: str, timeout: float, **kwargs) -> tuple[dict[str, object], object]:
+    """One request; ({status_code, elapsed} or {error, elapsed}, the response or None). Never raises."""
+    started = time.monotonic()
+    try:
+        response = http.request(method, url, timeout=timeout, **kwargs)
+    except Exception as error:  # noqa: BLE001 - requests' whole family of connection errors is the finding
+        kind = type(error).__name__
+        if "Timeout" in kind:
+            text = "no answer within the timeout"
+        else:
+            verify = getattr(http, "verify", None)
+            text = describe_error(error, verify if isinstance(verify, str) else None)
+        return {"error": text, "elapsed": time.monotonic() - started}, None
+    return {"status_code": response.status_code, "elapsed": time.monotonic() - started}, response
+
+
+def read_metrics(url: str, timeout: float, http=None, ca: str | None = None) -> dict[str, object]:
+    """The head's /metrics, summarised by parse_metrics (no key: vLLM serves it outside /v1). A failure is an
+    {"error": ...} mapping; when the endpoint did not answer at all (refused, timed out, HTTP error, TLS refused) it
+    also carries "unreachable": True, which tells an API process that hangs apart from one that answers without
+    vLLM's counters."""
+    http = http if http is not None else session(ca)
+    result, response = request(http, "GET", f"{url}/metrics", timeout)
+    if response is None or not response.ok:
+        return {"error": result.get("error") or f"HTTP {result.get('status_code')}", "unreachable": True}
+    try:
+        return parse_metrics(response.text)
+    except ValueError as error:
+        return {"error": f"unparseable exposition: {error}"}
+
+
+def gather(url: str, served_name: str | None, api_key: str | None, timeout: float, http=None,
+           ca: str | None = None) -> dict[str, object]:
+    """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics, concurrently."""
+    http = http if http is not None else session(ca)
+    headers = auth_headers(api_key)
+
+    def health() -> dict[str, object]:
+        return request(http, "GET", f"{url}/health", timeout)[0]
+
+    def models() -> dict[str, object]:
+        result, response = request(http, "GET", f"{url}/v1/models", timeout, headers=headers)
+        if response is not None and response.ok:
+            try:
+                result["json"] = response.json()
+            except ValueError:
+                result["error"] = "the answer is not JSON"
+        return result
+
+    def generate() -> dict[str, object]:
+        result, response = request(http, "POST", f"{url}/v1/completions", timeout, headers=headers,
+                                   json=one_token_body(served_name))
+        if response is not None and response.ok:
+            try:
+                answer = response.json()
+                result["tokens"] = int((answer.get("usage") or {}).get("completion_tokens") or 0)
+            except (ValueError, AttributeError, TypeError):
+                result["error"] = "the answer is not a completion"
+        elif response is not None:
+            result["body"] = response.text[:200]
+        return result
+
+    def metrics() -> dict[str, object]:
+        return read_metrics(url, timeout, http)
+
+    probes = {"health": health, "models": models, "generate": generate, "metrics": metrics}
+    results: dict[str, object] = {}
+    if served_name is None:
+        # The configuration could not be read: ask the server what it serves, then generate with that.
+        results["models"] = models()
+        listed = (results["models"].get("json") or {}).get("data") or [{}]
+        served_name = str(listed[0].get("id") or "")
+        del probes["models"]
+    with ThreadPoolExecutor(max_workers=len(probes)) as pool:
+        futures = {name: pool.submit(probe) for name, probe in probes.items()}
+        results.update({name: future.result() for name, future in futures.items()})
+    return results
