@@ -699,6 +699,12 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
 
 
 def cmd_guard(args: argparse.Namespace) -> int:
+    from twinspark import pairlife
+
+    # First of all, empty the kick socket: a datagram left in it would make systemd start the guard again at once.
+    inbox = pairlife.KickInbox.inherited()
+    trigger = pairlife.trigger_line(inbox.drain(), inbox.listening)
+    log(6 if "woken" in trigger else 7, f"pair guard run: {trigger}")
     try:
         pair = _pair_from_args(args)
     except (ValueError, OSError) as exc:
@@ -722,10 +728,14 @@ def cmd_guard(args: argparse.Namespace) -> int:
         log(3, f"pair guard GAVE UP: {decision.reason}")
         code = 1
     else:
-        log(4, f"pair broken, restarting both ranks in order: {decision.reason}")
+        log(4, f"pair broken ({trigger}), restarting both ranks in order: {decision.reason}")
         save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
         state, ok = _run_restart(pair, args, state, policy, decision.reason)
         code = 0 if ok else 1
+        # The restart's own stops kicked the socket (both ranks' ExecStopPost=): those kicks are not news.
+        own = inbox.drain()
+        if own.count:
+            log(7, f"dropped {own.count} kick(s) sent by this restart's own stops")
     if args.json:
         print(json.dumps({"observation": {**asdict(obs), "probe": obs.probe.value}, "verdict": decision.verdict.value,
                           "action": decision.action.value, "reason": decision.reason,
@@ -774,6 +784,21 @@ def cmd_restart(args: argparse.Namespace) -> int:
         state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
     save_state(state_path, state)
     return 0 if ok else 1
+
+
+def cmd_kick(args: argparse.Namespace) -> int:
+    """Send the kick token to each --to; exit 0 when every datagram left, 1 otherwise, 2 on a malformed --to."""
+    from twinspark import pairlife
+
+    try:
+        targets = [pairlife.parse_target(text) for text in args.to]
+    except ValueError as exc:
+        log(3, f"pair kick: {exc}")
+        return 2
+    problems = pairlife.kick(targets)
+    for problem in problems:
+        log(4, f"pair kick: {problem}; the guard's timer still looks within its interval")
+    return 1 if problems else 0
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -849,6 +874,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "start head, wait until serving)")
     common(restart, acts=True)
     restart.set_defaults(func=_with_defaults(cmd_restart))
+    kick = verbs.add_parser("kick", help="wake the head's pair guard now (a rank's ExecStopPost=): one datagram, "
+                                         "no command")
+    kick.add_argument("--to", action="append", required=True, metavar="ADDRESS:PORT",
+                      help="the head's kick socket (twinspark-pair-guard-kick.socket); repeat for more")
+    kick.set_defaults(func=cmd_kick)
     reset = verbs.add_parser("reset", help="forget failed restarts and a give-up")
     common(reset, acts=False)
     reset.set_defaults(func=cmd_reset)

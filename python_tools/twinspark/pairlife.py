@@ -1,0 +1,160 @@
+"""The pair's lifecycle on the head: the guard's wake-up kick, and (below) what every start and stop shares.
+
+The kick. A rank that stops for any reason (killed, crashed, lost its peer and exited with status 0, stopped by
+someone) runs `twinspark pair kick` from its unit's `ExecStopPost=`: one UDP datagram carrying a fixed token to the
+head. On the head, `twinspark-pair-guard-kick.socket` listens for it (loopback for the head's own rank, the head's
+fabric address for the worker's) and activates `twinspark-pair-guard.service`, which inherits the socket, reads
+every datagram waiting in it (`KickInbox.drain`) and then looks at the pair as it always does. A datagram means
+only "look now": its content is never interpreted beyond comparing it with the token, the guard's own rules decide
+what to do, and no datagram can make it do anything a timer run would not. Kicks that arrive while a run is going
+on stay queued; systemd starts one more run when the current one ends, and that run drains them all, so a burst
+of kicks costs at most one extra run. The timer stays as the safety net (a lost datagram, a socket not running).
+
+Rules (`summarize`, `listen_fds`, `trigger_line`, `parse_target`) are pure; sockets sit in `KickInbox` and `kick`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
+KICK_SOCKET = "twinspark-pair-guard-kick.socket"
+SD_LISTEN_FDS_START = 3
+# A run never reads more than this many datagrams: a flood cannot keep the guard reading instead of looking.
+MAX_DRAIN = 4096
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kick: rules (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kicks:
+    """What a drain found: kicks (the token), other datagrams (ignored, never read further) and who sent them."""
+
+    count: int = 0
+    ignored: int = 0
+    senders: tuple[str, ...] = ()  # addresses the kicks came from, sorted, each once
+
+    def __add__(self, other: Kicks) -> Kicks:
+        return Kicks(self.count + other.count, self.ignored + other.ignored,
+                     tuple(sorted(set(self.senders) | set(other.senders))))
+
+
+def summarize(datagrams: Iterable[tuple[bytes, str]]) -> Kicks:
+    """(payload, sender address) pairs -> Kicks. Only the exact token counts; anything else is ignored."""
+    count = ignored = 0
+    senders: set[str] = set()
+    for payload, sender in datagrams:
+        if payload == KICK_TOKEN:
+            count += 1
+            senders.add(sender)
+        else:
+            ignored += 1
+    return Kicks(count, ignored, tuple(sorted(senders)))
+
+
+def listen_fds(environ: Mapping[str, str], pid: int, name: str = KICK_SOCKET) -> list[int]:
+    """The descriptors systemd passed to this process for the socket unit `name` (sd_listen_fds(3) protocol).
+
+    None when LISTEN_PID names another process (the variables were inherited, not meant for us); when
+    LISTEN_FDNAMES is set, only the descriptors carrying `name`."""
+    try:
+        if int(environ.get("LISTEN_PID", "0")) != pid:
+            return []
+        count = int(environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return []
+    fds = list(range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + max(count, 0)))
+    names = environ.get("LISTEN_FDNAMES")
+    if names is None:
+        return fds
+    labels = names.split(":")
+    return [fd for fd, label in zip(fds, labels, strict=False) if label == name]
+
+
+def trigger_line(kicks: Kicks, listening: bool) -> str:
+    """Why this guard run happened, in the words its journal lines carry."""
+    if kicks.count:
+        extra = f"; {kicks.ignored} other datagram(s) ignored" if kicks.ignored else ""
+        return f"woken by {kicks.count} kick(s) from {', '.join(kicks.senders)}{extra}"
+    extra = f" ({kicks.ignored} datagram(s) that are not a kick ignored)" if kicks.ignored else ""
+    if listening:
+        return f"run by the timer, no kick waiting{extra}"
+    return f"run without the kick socket (is {KICK_SOCKET} running?){extra}"
+
+
+def parse_target(text: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[IPV6]:PORT' -> (host, port); ValueError naming the expected form."""
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--to {text!r}: expected ADDRESS:PORT (or [IPV6]:PORT), e.g. 127.0.0.1:25001")
+    return host, int(port)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kick: I/O
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def kick(targets: Sequence[tuple[str, int]], timeout_s: float = 1.0) -> list[str]:
+    """Send the token once to each target; the problems (one line each), empty when every datagram left."""
+    problems = []
+    for host, port in targets:
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(timeout_s)
+                sock.sendto(KICK_TOKEN, (host, port))
+        except OSError as exc:
+            problems.append(f"{host}:{port}: {exc.strerror or exc}")
+    return problems
+
+
+class KickInbox:
+    """The kick socket(s) a guard run inherited from systemd (none when started without them)."""
+
+    def __init__(self, sockets: Sequence[socket.socket] = ()) -> None:
+        self.sockets = list(sockets)
+
+    @classmethod
+    def inherited(cls, environ: Mapping[str, str] | None = None) -> KickInbox:
+        environ = os.environ if environ is None else environ
+        socks = []
+        for fd in listen_fds(environ, os.getpid()):
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            if sock.type != socket.SOCK_DGRAM:
+                sock.detach()
+                continue
+            sock.setblocking(False)
+            socks.append(sock)
+        for variable in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):  # not for ssh or systemctl
+            os.environ.pop(variable, None)
+        return cls(socks)
+
+    @property
+    def listening(self) -> bool:
+        return bool(self.sockets)
+
+    def drain(self, limit: int = MAX_DRAIN) -> Kicks:
+        """Read every datagram waiting (at most `limit`), without blocking."""
+        seen: list[tuple[bytes, str]] = []
+        for sock in self.sockets:
+            while len(seen) < limit:
+                try:
+                    payload, sender = sock.recvfrom(len(KICK_TOKEN) + 1)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    break
+                seen.append((payload, str(sender[0]) if sender else "?"))
+        return summarize(seen)
