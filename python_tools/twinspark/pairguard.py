@@ -35,13 +35,15 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
-from twinspark import atomic
+from twinspark import atomic, pairlife
 
 UNIT = "twinspark-vllm.service"
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
 DEFAULT_STATE_FILE = "/var/lib/twinspark-pair-guard/state.json"
 DEFAULT_SSH_KEY = "/etc/twinspark/pair-guard/id_ed25519"
 DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
+LOCK_FILE = pairlife.DEFAULT_LOCK_FILE
+LOCK_TIMEOUT_S = pairlife.DEFAULT_LOCK_TIMEOUT_S
 RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
 
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
@@ -699,8 +701,6 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
 
 
 def cmd_guard(args: argparse.Namespace) -> int:
-    from twinspark import pairlife
-
     # First of all, empty the kick socket: a datagram left in it would make systemd start the guard again at once.
     inbox = pairlife.KickInbox.inherited()
     trigger = pairlife.trigger_line(inbox.drain(), inbox.listening)
@@ -711,6 +711,21 @@ def cmd_guard(args: argparse.Namespace) -> int:
         log(3, f"pair guard: {exc}")
         return 2
     policy = _policy_from_args(args)
+    # The guard never waits for the lifecycle lock: whoever holds it is starting, stopping or restarting the pair,
+    # and the pair it would see now is that operation's business. The next run (or kick) looks again.
+    try:
+        with pairlife.lifecycle_lock(args.lock_file, "the pair guard's run", 0):
+            return _guard_run(args, pair, policy, inbox, trigger)
+    except pairlife.LockBusy as exc:
+        log(5, f"pair guard: not looking now, {exc.holder} holds the pair's lifecycle lock; the next run looks again")
+        return 0
+    except pairlife.LockError as exc:
+        log(3, f"pair guard: {exc}")
+        return 2
+
+
+def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pairlife.KickInbox, trigger: str) -> int:
+    """One guard run under the lifecycle lock: look, decide, act, remember."""
     state_path = Path(args.state_file)
     state = load_state(state_path)
     obs = pair.observe(args.probe_timeout, policy, state)
@@ -779,17 +794,23 @@ def cmd_restart(args: argparse.Namespace) -> int:
         return 2
     policy = _policy_from_args(args)
     state_path = Path(args.state_file)
-    state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
-    if ok:
-        state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
-    save_state(state_path, state)
+    try:
+        with pairlife.lifecycle_lock(args.lock_file, "twinspark pair restart", args.lock_timeout):
+            state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
+            if ok:
+                state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
+            save_state(state_path, state)
+    except pairlife.LockBusy as exc:
+        log(3, str(exc))
+        return 1
+    except pairlife.LockError as exc:
+        log(3, str(exc))
+        return 2
     return 0 if ok else 1
 
 
 def cmd_kick(args: argparse.Namespace) -> int:
     """Send the kick token to each --to; exit 0 when every datagram left, 1 otherwise, 2 on a malformed --to."""
-    from twinspark import pairlife
-
     try:
         targets = [pairlife.parse_target(text) for text in args.to]
     except ValueError as exc:
@@ -863,6 +884,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--metrics-timeout", type=float, default=Policy.metrics_timeout_s, metavar="S",
                          help="how long one read of the head's /metrics may take")
         sub.add_argument("--json", action="store_true", help="print what was seen and decided as JSON")
+        sub.add_argument("--lock-file", default=LOCK_FILE, metavar="FILE",
+                         help="the pair's lifecycle lock, taken by every start, stop and restart (the guard never "
+                              "waits for it)")
+        sub.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT_S, metavar="S",
+                         help="how long a start, stop or restart waits for the lifecycle lock before giving up")
 
     guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")
     common(guard, acts=True)

@@ -15,9 +15,14 @@ Rules (`summarize`, `listen_fds`, `trigger_line`, `parse_target`) are pure; sock
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
@@ -158,3 +163,78 @@ class KickInbox:
                     break
                 seen.append((payload, str(sender[0]) if sender else "?"))
         return summarize(seen)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The lifecycle lock (issue 13): one flock on the head, taken by everything that starts, stops or changes the pair
+# ---------------------------------------------------------------------------------------------------------------
+
+DEFAULT_CONTROL_DIR = "/var/lib/twinspark-control"  # root-only (0700), made by role vllm_service
+DEFAULT_LOCK_FILE = f"{DEFAULT_CONTROL_DIR}/pair.lock"
+DEFAULT_LOCK_TIMEOUT_S = 120.0
+MAX_HOLDER_BYTES = 4096
+
+
+class LockBusy(Exception):
+    """Another operation holds the lifecycle lock; the message names it and says what to do."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class LockError(Exception):
+    """The lock file cannot be used at all (missing directory, a link, no permission)."""
+
+
+def holder_text(content: str, now: float) -> str:
+    """The lock file's content (written by whoever holds it) -> who that is, in words."""
+    try:
+        data = json.loads(content)
+        what, pid, since = str(data["what"]), int(data["pid"]), float(data["since"])
+    except (ValueError, KeyError, TypeError):
+        return "a process that did not say who it is (the lock file names no holder)"
+    stamp = time.strftime("%H:%M:%S UTC", time.gmtime(since))
+    return f"{what} (pid {pid}, since {stamp}, {max(0.0, now - since):.0f} s ago)"
+
+
+def busy_message(path: str, holder: str, waited_s: float, what: str) -> str:
+    return (f"{what}: the pair's lifecycle lock {path} is held by {holder}; waited {waited_s:.0f} s. Let it finish "
+            "(journalctl -u twinspark-pair-guard, or the playbook that runs), or pause the guard first "
+            "(`twinspark pair pause`), then try again")
+
+
+@contextlib.contextmanager
+def lifecycle_lock(path: str, what: str, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep, poll_s: float = 0.5) -> Iterator[None]:
+    """Hold the pair's lifecycle lock for the `with` block, waiting at most `timeout_s` (0: do not wait).
+
+    The holder writes who it is into the file, so a waiter can name it. Raises LockBusy after the wait, LockError
+    when the file cannot be opened (it is never followed as a link)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        hint = ("is a link; remove it" if exc.errno == errno.ELOOP
+                else "create the control directory with the serving role (site.yml), and run as root")
+        raise LockError(f"{what}: cannot open the pair's lifecycle lock {path} ({exc.strerror}): {hint}") from exc
+    try:
+        started = clock()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = clock() - started
+                if waited >= timeout_s:
+                    content = os.pread(fd, MAX_HOLDER_BYTES, 0).decode("utf-8", "replace")
+                    holder = holder_text(content, time.time())
+                    raise LockBusy(busy_message(path, holder, waited, what), holder) from None
+                sleep(min(poll_s, max(timeout_s - waited, 0.01)))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"what": what, "pid": os.getpid(), "since": time.time()}).encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the lock
