@@ -155,7 +155,8 @@ def test_a_guard_run_empties_the_inherited_socket_first_even_when_it_then_fails(
     _readable(kick_socket)
     fd = kick_socket.fileno()
     argv = [sys.executable, "-m", "twinspark.cli", "pair", "guard", "--env", str(tmp_path / "missing.env"),
-            "--worker", "127.0.0.1", "--state-file", str(tmp_path / "s.json")]
+            "--worker", "127.0.0.1", "--state-file", str(tmp_path / "s.json"),
+            "--pause-file", str(tmp_path / "paused")]
     # fd 3 and LISTEN_PID of the very process that runs the guard (exec keeps the PID), as systemd does it
     wrapper = (f"import os, sys; os.dup2({fd}, 3, inheritable=True); os.environ.update(LISTEN_PID=str(os.getpid()), "
                f"LISTEN_FDS='1', LISTEN_FDNAMES={pl.KICK_SOCKET!r}); os.execv(sys.executable, {argv!r})")

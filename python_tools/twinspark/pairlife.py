@@ -238,3 +238,97 @@ def lifecycle_lock(path: str, what: str, timeout_s: float, clock: Callable[[], f
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # releases the lock
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Start, stop, restart: which rank does what, in which order (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+HEAD, WORKER = "head", "worker"
+RESTART_STEPS = ((HEAD, "stop"), (WORKER, "stop"), (WORKER, "start"), (HEAD, "start"))
+STOP_STEPS = ((HEAD, "stop"), (WORKER, "stop"))
+
+
+def steps(verb: str, head_state: str | None = None, worker_state: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The ordered steps of `twinspark pair start|stop|restart`, given the ranks' ActiveState.
+
+    restart: stop head, stop worker, start worker, start head, whatever the states. stop: head, then worker (the
+    worker then finds no head to wait for). start: nothing when both ranks are active; otherwise the whole ordered
+    restart, since a rank started next to a live or orphaned peer hangs in the rendezvous (stopping a stopped rank
+    costs nothing)."""
+    if verb == "restart":
+        return RESTART_STEPS
+    if verb == "stop":
+        return STOP_STEPS
+    if verb == "start":
+        return () if (head_state, worker_state) == ("active", "active") else RESTART_STEPS
+    raise ValueError(f"pair verb {verb!r} is not one of start, stop, restart")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pausing the guard: one marker file on the head, read by every guard run
+# ---------------------------------------------------------------------------------------------------------------
+
+DEFAULT_PAUSE_FILE = f"{DEFAULT_CONTROL_DIR}/pair-guard.paused"
+GUARD_SERVICE = "twinspark-pair-guard.service"
+
+
+@dataclass(frozen=True)
+class Pause:
+    reason: str
+    by: str
+    since: float | None
+
+
+def pause_record(reason: str, by: str, now: float) -> bytes:
+    return (json.dumps({"reason": reason, "by": by, "since": now}) + "\n").encode()
+
+
+def pause_from_text(text: str) -> Pause:
+    """The marker's content -> Pause. A marker that cannot be parsed still pauses: whoever wrote it meant to."""
+    try:
+        data = json.loads(text)
+        return Pause(str(data["reason"]), str(data.get("by") or "?"),
+                     float(data["since"]) if data.get("since") is not None else None)
+    except (ValueError, KeyError, TypeError):
+        return Pause("a pause marker that does not say why", "?", None)
+
+
+def pause_line(pause: Pause, now: float) -> str:
+    since = ("" if pause.since is None else
+             f" since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(pause.since))} "
+             f"({max(0.0, now - pause.since):.0f} s)")
+    return f"paused by {pause.by}{since}: {pause.reason}"
+
+
+def read_pause(path: str) -> Pause | None:
+    """The pause marker, or None when the guard is not paused. A marker that is not a small regular file (a link,
+    a FIFO) is refused by reading it as a pause that says so: the guard stays paused rather than guess."""
+    from twinspark import safeio
+
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return Pause(f"the pause marker {path} cannot be looked at ({exc.strerror})", "?", None)
+    try:
+        return pause_from_text(safeio.read_bounded(path, MAX_HOLDER_BYTES).decode("utf-8", "replace"))
+    except FileNotFoundError:
+        return None
+    except safeio.RefusedFile as exc:
+        return Pause(f"the pause marker cannot be read ({exc})", "?", None)
+
+
+def write_pause(path: str, reason: str, by: str) -> None:
+    from twinspark import atomic
+
+    atomic.write_atomic(path, pause_record(reason, by, time.time()), mode=0o600)
+
+
+def remove_pause(path: str) -> Pause | None:
+    """Remove the marker; what it said, or None when the guard was not paused."""
+    pause = read_pause(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return pause
