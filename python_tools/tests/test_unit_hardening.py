@@ -132,6 +132,8 @@ def test_a_stopped_rank_kicks_the_head_guard_over_loopback_or_the_fabric(rendere
     assert re.search(r"^FreeBind=yes$", socket_unit, re.M)
     guard = _unit(rendered, profile, 0, "twinspark-pair-guard.service")
     assert re.search(r"^Sockets=twinspark-pair-guard-kick\.socket$", guard, re.M)
+    # in [Unit]: a guard kicked often (paused, short runs) must not hit the start limit and take the socket down
+    assert re.search(r"^\[Unit\]\n(?:.*\n)*?StartLimitIntervalSec=0\n(?:.*\n)*?\[Service\]", guard, re.M)
     for rank, target in ((0, listens[0]), (1, listens[1])):
         unit = _unit(rendered, profile, rank, "twinspark-vllm.service")
         stop_post = re.findall(r"^ExecStopPost=(.*)$", unit, re.M)
