@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -167,3 +168,32 @@ def test_a_guard_run_empties_the_inherited_socket_first_even_when_it_then_fails(
     assert "pair guard run: woken by 2 kick(s) from 127.0.0.1" in result.stderr
     assert "missing.env" in result.stderr
     assert not _readable(kick_socket)
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="no systemd-socket-activate here")
+def test_systemd_socket_activation_hands_the_guard_its_kicks(tmp_path: Path):
+    """systemd's own socket-activation tool listens on loopback, starts `twinspark pair guard` when the first
+    datagram arrives and hands it the socket (LISTEN_FDS, LISTEN_FDNAMES): the guard, paused here so it does nothing
+    else, reads every kick and says it was woken by them."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    paused = tmp_path / "paused"
+    pl.write_pause(str(paused), "a test", "pytest")
+    argv = ["systemd-socket-activate", "--datagram", "-l", f"127.0.0.1:{port}", f"--fdname={pl.KICK_SOCKET}",
+            sys.executable, "-m", "twinspark.cli", "pair", "guard", "--pause-file", str(paused),
+            "--worker", "127.0.0.1", "--state-file", str(tmp_path / "s.json")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_") and k != "JOURNAL_STREAM"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(f"Listening on 127.0.0.1:{port}")
+        assert pl.kick([("127.0.0.1", port)] * 2) == []
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, out
+    assert "pair guard run: woken by 2 kick(s) from 127.0.0.1" in out
+    assert "pair guard paused by pytest" in out and "not looking" in out
