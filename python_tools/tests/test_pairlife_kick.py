@@ -56,6 +56,19 @@ def test_trigger_line_says_why_the_guard_runs(kicks, listening, expected):
     assert pl.trigger_line(kicks, listening) == expected
 
 
+@pytest.mark.parametrize(("state", "kicks"), [("running", True), ("degraded", True), ("starting", True), ("", True),
+                                              ("offline", True), ("stopping", False), ("stopping\n", False)])
+def test_a_rank_stopped_by_its_node_shutting_down_does_not_kick(state, kicks):
+    assert pl.should_kick(state) is kicks
+
+
+def test_the_kick_command_sends_nothing_while_the_node_shuts_down(kick_socket, monkeypatch, capsys):
+    monkeypatch.setattr(pl, "system_state", lambda timeout_s=3.0: "stopping")
+    assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}"]) == 0
+    assert not _readable(kick_socket)
+    assert "not sent, this node is shutting down" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("text", "target"), [("127.0.0.1:25001", ("127.0.0.1", 25001)),
                                               ("[fd00::1]:25001", ("fd00::1", 25001))])
 def test_kick_targets_parse(text, target):

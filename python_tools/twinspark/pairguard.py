@@ -958,6 +958,10 @@ def cmd_kick(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log(3, f"pair kick: {exc}")
         return 2
+    state = pairlife.system_state()
+    if not pairlife.should_kick(state):
+        log(6, f"pair kick: not sent, this node is shutting down (systemd: {state}); the guard's timer looks")
+        return 0
     problems = pairlife.kick(targets)
     for problem in problems:
         log(4, f"pair kick: {problem}; the guard's timer still looks within its interval")

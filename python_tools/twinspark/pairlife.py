@@ -93,6 +93,13 @@ def trigger_line(kicks: Kicks, listening: bool) -> str:
     return f"run without the kick socket (is {KICK_SOCKET} running?){extra}"
 
 
+def should_kick(system_state: str) -> bool:
+    """Whether a stopping rank wakes the guard, given `systemctl is-system-running`. Not while its node shuts down
+    (a reboot): the guard would try to start the rank again on a node that refuses new jobs, count a failed restart
+    and back off; its timer finds the rebooted node instead. Any other answer (or none) kicks."""
+    return system_state.strip() != "stopping"
+
+
 def parse_target(text: str) -> tuple[str, int]:
     """'HOST:PORT' or '[IPV6]:PORT' -> (host, port); ValueError naming the expected form."""
     host, sep, port = text.strip().rpartition(":")
@@ -106,6 +113,18 @@ def parse_target(text: str) -> tuple[str, int]:
 # ---------------------------------------------------------------------------------------------------------------
 # Kick: I/O
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def system_state(timeout_s: float = 3.0) -> str:
+    """`systemctl is-system-running`'s answer ('' when it cannot be asked: then the kick goes out)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["systemctl", "is-system-running"], capture_output=True, text=True, timeout=timeout_s,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip()
 
 
 def kick(targets: Sequence[tuple[str, int]], timeout_s: float = 1.0) -> list[str]:
