@@ -432,7 +432,8 @@ def guarded(tmp_path, monkeypatch):
 
     def run_json(capsys):
         argv = ["pair", "guard", "--env", str(env), "--worker", "127.0.0.1", "--state-file", str(state_file),
-                "--short-probe-timeout", "0.3", "--metrics-timeout", "2", "--stall-window", "30", "--json"]
+                "--short-probe-timeout", "0.3", "--metrics-timeout", "2", "--stall-window", "30", "--json",
+                "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused")]
         code = cli.main(argv)
         return code, json.loads(capsys.readouterr().out)
 

@@ -118,3 +118,33 @@ def test_the_model_copy_key_runs_rrsync_rooted_at_the_model_copy(rendered):
     assert "find /var/lib/twinspark/models/tiny-llama -xdev ! -type l -perm /6000 -exec chmod ug-s {} +" in forced
     hub = _unit(rendered, "gb10", 1, "twinspark-model-receive")
     assert re.search(r"^/usr/bin/rrsync -wo -no-del /var/lib/twinspark/hf/hub/models--\S+$", hub, re.M), hub
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_a_stopped_rank_kicks_the_head_guard_over_loopback_or_the_fabric(rendered, profile):
+    head_fabric = {"cpu": "10.77.0.1", "gb10": None}[profile]
+    socket_unit = _unit(rendered, profile, 0, "twinspark-pair-guard-kick.socket")
+    listens = re.findall(r"^ListenDatagram=(\S+)$", socket_unit, re.M)
+    assert len(listens) == 2 and listens[0] == "127.0.0.1:25001", listens  # MASTER_PORT 25000 + 1
+    if head_fabric:
+        assert listens[1] == f"{head_fabric}:25001"
+    assert re.search(r"^Service=twinspark-pair-guard\.service$", socket_unit, re.M)
+    assert re.search(r"^FreeBind=yes$", socket_unit, re.M)
+    guard = _unit(rendered, profile, 0, "twinspark-pair-guard.service")
+    assert re.search(r"^Sockets=twinspark-pair-guard-kick\.socket$", guard, re.M)
+    # in [Unit]: a guard kicked often (paused, short runs) must not hit the start limit and take the socket down
+    assert re.search(r"^\[Unit\]\n(?:.*\n)*?StartLimitIntervalSec=0\n(?:.*\n)*?\[Service\]", guard, re.M)
+    for rank, target in ((0, listens[0]), (1, listens[1])):
+        unit = _unit(rendered, profile, rank, "twinspark-vllm.service")
+        stop_post = re.findall(r"^ExecStopPost=(.*)$", unit, re.M)
+        assert stop_post == [f"-/opt/twinspark/venv/bin/python -I -m twinspark.cli pair kick --to {target}"], stop_post
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_firewall_takes_the_kick_only_from_loopback_and_the_peer(rendered, profile):
+    table = _unit(rendered, profile, 0, "twinspark.nft")
+    lines = [line.strip() for line in table.splitlines()]
+    kick_drop = lines.index('udp dport 25001 counter drop comment "pair guard kick: peer and loopback only"')
+    loopback = lines.index('iifname "lo" accept')
+    peer = next(i for i, line in enumerate(lines) if line.startswith("iifname {") and "saddr" in line)
+    assert loopback < peer < kick_drop

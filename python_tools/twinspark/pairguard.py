@@ -36,13 +36,16 @@ from enum import StrEnum
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import atomic
+from twinspark import atomic, pairlife
 
 UNIT = "twinspark-vllm.service"
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
 DEFAULT_STATE_FILE = "/var/lib/twinspark-pair-guard/state.json"
 DEFAULT_SSH_KEY = "/etc/twinspark/pair-guard/id_ed25519"
 DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
+LOCK_FILE = pairlife.DEFAULT_LOCK_FILE
+LOCK_TIMEOUT_S = pairlife.DEFAULT_LOCK_TIMEOUT_S
+PAUSE_FILE = pairlife.DEFAULT_PAUSE_FILE
 RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
 
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
@@ -583,23 +586,26 @@ class Pair:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 5.0,
-                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                    ) -> tuple[bool, str]:
-    """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
+def run_steps(pair: Pair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart") -> tuple[bool, str]:
+    """Carry out `pairlife.steps` in order: the head through systemctl, the worker through its forced command.
 
-    Returns (ok, what happened). Gives up early when a rank's unit leaves `active` while waiting.
-    """
-    log(5, "ordered pair restart: stopping the head")
-    pair.head("stop")
-    log(5, "ordered pair restart: stopping the worker")
-    if pair.worker("stop") is None:
-        return False, "the worker could not be reached to stop it (head stopped)"
-    log(5, "ordered pair restart: starting the worker")
-    if pair.worker("start") is None:
-        return False, "the worker could not be reached to start it (head stopped)"
-    log(5, "ordered pair restart: starting the head")
-    pair.head("start")
+    Returns (ok, what was done). Stops at the first worker step that cannot reach the worker."""
+    done: list[str] = []
+    for rank, verb in steps:
+        log(5, f"{what}: {'stopping' if verb == 'stop' else 'starting'} the {rank}")
+        if rank == pairlife.HEAD:
+            pair.head(verb)
+        elif pair.worker(verb) is None:
+            return False, (f"the worker could not be reached to {verb} it"
+                           + (f" ({', '.join(done)})" if done else ""))
+        done.append(f"{rank} {verb.replace('stop', 'stopped').replace('start', 'started')}")
+    return True, ", ".join(done) or "nothing to do"
+
+
+def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 ) -> tuple[bool, str]:
+    """Wait until the head answers a generation; gives up early when a rank's unit leaves `active`."""
     started = clock()
     deadline = started + ready_timeout_s
     next_note = started
@@ -620,6 +626,19 @@ def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, 
             log(6, f"waiting for the pair: {waited:.0f} s of {ready_timeout_s:.0f} s ({detail})")
             next_note = clock() + 30
         sleep(poll_s)
+
+
+def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 5.0,
+                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                    ) -> tuple[bool, str]:
+    """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
+
+    Returns (ok, what happened). Gives up early when a rank's unit leaves `active` while waiting.
+    """
+    ok, done = run_steps(pair, pairlife.RESTART_STEPS)
+    if not ok:
+        return False, done
+    return wait_serving(pair, ready_timeout_s, probe_timeout_s, poll_s, clock, sleep)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -665,12 +684,36 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
 
 
 def cmd_guard(args: argparse.Namespace) -> int:
+    # First of all, empty the kick socket: a datagram left in it would make systemd start the guard again at once.
+    inbox = pairlife.KickInbox.inherited()
+    trigger = pairlife.trigger_line(inbox.drain(), inbox.listening)
+    log(6 if "woken" in trigger else 7, f"pair guard run: {trigger}")
+    pause = pairlife.read_pause(args.pause_file)
+    if pause is not None:
+        log(6 if "woken" in trigger else 7, f"pair guard {pairlife.pause_line(pause, time.time())}; not looking "
+            f"(`twinspark pair resume`, playbooks/start.yml or restart.yml end the pause)")
+        return 0
     try:
         pair = _pair_from_args(args)
     except (ValueError, OSError) as exc:
         log(3, f"pair guard: {exc}")
         return 2
     policy = _policy_from_args(args)
+    # The guard never waits for the lifecycle lock: whoever holds it is starting, stopping or restarting the pair,
+    # and the pair it would see now is that operation's business. The next run (or kick) looks again.
+    try:
+        with pairlife.lifecycle_lock(args.lock_file, "the pair guard's run", 0):
+            return _guard_run(args, pair, policy, inbox, trigger)
+    except pairlife.LockBusy as exc:
+        log(5, f"pair guard: not looking now, {exc.holder} holds the pair's lifecycle lock; the next run looks again")
+        return 0
+    except pairlife.LockError as exc:
+        log(3, f"pair guard: {exc}")
+        return 2
+
+
+def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pairlife.KickInbox, trigger: str) -> int:
+    """One guard run under the lifecycle lock: look, decide, act, remember."""
     state_path = Path(args.state_file)
     state = load_state(state_path)
     obs = pair.observe(args.probe_timeout, policy, state)
@@ -688,10 +731,14 @@ def cmd_guard(args: argparse.Namespace) -> int:
         log(3, f"pair guard GAVE UP: {decision.reason}")
         code = 1
     else:
-        log(4, f"pair broken, restarting both ranks in order: {decision.reason}")
+        log(4, f"pair broken ({trigger}), restarting both ranks in order: {decision.reason}")
         save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
         state, ok = _run_restart(pair, args, state, policy, decision.reason)
         code = 0 if ok else 1
+        # The restart's own stops kicked the socket (both ranks' ExecStopPost=): those kicks are not news.
+        own = inbox.drain()
+        if own.count:
+            log(7, f"dropped {own.count} kick(s) sent by this restart's own stops")
     if args.json:
         print(json.dumps({"observation": {**asdict(obs), "probe": obs.probe.value}, "verdict": decision.verdict.value,
                           "action": decision.action.value, "reason": decision.reason,
@@ -733,13 +780,158 @@ def cmd_restart(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         log(3, f"pair restart: {exc}")
         return 2
+    if args.no_wait:
+        return _lifecycle(args, pair, "restart")
     policy = _policy_from_args(args)
     state_path = Path(args.state_file)
-    state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
-    if ok:
-        state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
-    save_state(state_path, state)
+    try:
+        with pairlife.lifecycle_lock(args.lock_file, "twinspark pair restart", args.lock_timeout):
+            state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
+            if ok:
+                state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
+            save_state(state_path, state)
+    except pairlife.LockBusy as exc:
+        log(3, str(exc))
+        return 1
+    except pairlife.LockError as exc:
+        log(3, str(exc))
+        return 2
     return 0 if ok else 1
+
+
+def _who() -> str:
+    return os.environ.get("SUDO_USER") or os.environ.get("USER") or f"uid {os.getuid()}"
+
+
+def stop_guard_run(timeout_s: float = 150.0) -> str:
+    """End a guard run in progress (it may be in the middle of an ordered restart); '' or why it could not."""
+    try:
+        out = subprocess.run(["systemctl", "stop", pairlife.GUARD_SERVICE], capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"systemctl stop {pairlife.GUARD_SERVICE}: {exc}"
+    if out.returncode not in (0, 5):  # 5: no such unit (the guard is not installed here)
+        return f"systemctl stop {pairlife.GUARD_SERVICE}: exit {out.returncode}: {out.stderr.strip()}"
+    return ""
+
+
+def _pause(path: str, reason: str) -> int:
+    try:
+        pairlife.write_pause(path, reason, _who())
+    except OSError as exc:
+        log(3, f"pair pause: cannot write {path} ({exc.strerror or exc}); run as root on the head, after site.yml")
+        return 2
+    problem = stop_guard_run()
+    if problem:
+        log(4, f"pair pause: the marker is written, so no new guard run acts, but a run in progress may still: "
+               f"{problem}")
+        return 1
+    log(5, f"pair guard {pairlife.pause_line(pairlife.Pause(reason, _who(), time.time()), time.time())}")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause the guard: every run from now on (timer or kick) does nothing; a run in progress is stopped."""
+    return _pause(args.pause_file, args.reason)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """End a pause: the next run (timer or kick) looks at the pair again."""
+    try:
+        pause = pairlife.remove_pause(args.pause_file)
+    except OSError as exc:
+        log(3, f"pair resume: cannot remove {args.pause_file} ({exc.strerror or exc}); run as root on the head")
+        return 2
+    log(5, "pair guard resumed" + (f" (was {pairlife.pause_line(pause, time.time())})" if pause else
+                                   " (it was not paused)"))
+    return 0
+
+
+def _lifecycle(args: argparse.Namespace, pair: Pair, verb: str) -> int:
+    """`twinspark pair start|stop|restart --no-wait`: the ordered steps under the lifecycle lock."""
+    what = f"twinspark pair {verb}"
+    if verb == "stop":  # an operator's stop must stay stopped: the guard would otherwise restart the pair at once
+        code = _pause(args.pause_file, args.reason or f"the pair was stopped ({what})")
+        if code == 2:
+            return code
+    result: dict[str, object] = {"verb": verb, "ok": False}
+    try:
+        with pairlife.lifecycle_lock(args.lock_file, what, args.lock_timeout):
+            if verb == "start":
+                head_state = pair.head_props().get("ActiveState") or "unknown"
+                worker_state = pair.worker("state")
+                result.update(head_state=head_state, worker_state=worker_state)
+                if worker_state is None:
+                    raise RuntimeError("the worker cannot be reached over SSH: its rank can be neither checked nor "
+                                       "started, and the head alone would hang in the rendezvous")
+                plan = pairlife.steps(verb, head_state, worker_state)
+            else:
+                plan = pairlife.steps(verb)
+            ok, done = run_steps(pair, plan, what)
+            result.update(steps=[f"{rank} {step}" for rank, step in plan], done=done,
+                          worker_reached=ok or "worker could not be reached" not in done)
+            if ok and plan and verb != "stop" and not args.no_wait:
+                ok, done = wait_serving(pair, args.ready_timeout, args.probe_timeout)
+                result["serving"] = done
+            result["ok"] = ok
+    except pairlife.LockBusy as exc:
+        result["error"] = str(exc)
+    except pairlife.LockError as exc:
+        log(3, str(exc))
+        return 2
+    except (subprocess.SubprocessError, RuntimeError) as exc:
+        result["error"] = f"{what}: {exc}"
+    if verb != "stop":
+        pause = pairlife.read_pause(args.pause_file)
+        if pause is not None:
+            result["guard"] = pairlife.pause_line(pause, time.time())
+            log(5, f"note: the pair guard is {result['guard']}; `twinspark pair resume` once it should watch again")
+    if args.json:
+        print(json.dumps(result, indent=1))
+    if result.get("error"):
+        log(3, str(result["error"]))
+    elif not result["ok"]:
+        log(3, f"{what}: {result.get('serving') or result.get('done')}")
+    else:
+        log(5, f"{what}: {result.get('serving') or result.get('done')}")
+    return 0 if result["ok"] else 1
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Bring the pair to serving: nothing when both ranks are active, else the ordered restart, then wait."""
+    try:
+        pair = _pair_from_args(args)
+    except (ValueError, OSError) as exc:
+        log(3, f"pair start: {exc}")
+        return 2
+    return _lifecycle(args, pair, "start")
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Pause the guard, then stop the head and the worker (exit 1 naming the worker when it cannot be reached)."""
+    try:
+        pair = _pair_from_args(args)
+    except (ValueError, OSError) as exc:
+        log(3, f"pair stop: {exc}")
+        return 2
+    return _lifecycle(args, pair, "stop")
+
+
+def cmd_kick(args: argparse.Namespace) -> int:
+    """Send the kick token to each --to; exit 0 when every datagram left, 1 otherwise, 2 on a malformed --to."""
+    try:
+        targets = [pairlife.parse_target(text) for text in args.to]
+    except ValueError as exc:
+        log(3, f"pair kick: {exc}")
+        return 2
+    state = pairlife.system_state()
+    if not pairlife.should_kick(state):
+        log(6, f"pair kick: not sent, this node is shutting down (systemd: {state}); the guard's timer looks")
+        return 0
+    problems = pairlife.kick(targets)
+    for problem in problems:
+        log(4, f"pair kick: {problem}; the guard's timer still looks within its interval")
+    return 1 if problems else 0
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -760,6 +952,8 @@ def cmd_state(args: argparse.Namespace) -> int:
         print(f"reason:          {last.get('reason', '-')}")
         print(f"failed in a row: {state.failures_in_row}")
         print(f"gave up:         {state.gave_up_reason or 'no'}")
+        pause = pairlife.read_pause(args.pause_file)
+        print(f"guard:           {pairlife.pause_line(pause, time.time()) if pause else 'watching (not paused)'}")
         progress = state.progress
         if progress is not None:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(progress.at))
@@ -777,6 +971,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     def common(sub: argparse.ArgumentParser, acts: bool) -> None:
         sub.add_argument("--state-file", default=DEFAULT_STATE_FILE, help="where the guard keeps its history")
+        sub.add_argument("--pause-file", default=PAUSE_FILE, metavar="FILE",
+                         help="the guard's pause marker (`twinspark pair pause`/`resume` write and remove it)")
         if not acts:
             return
         sub.add_argument("--env", action="append", default=None, metavar="FILE",
@@ -804,6 +1000,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--metrics-timeout", type=float, default=Policy.metrics_timeout_s, metavar="S",
                          help="how long one read of the head's /metrics may take")
         sub.add_argument("--json", action="store_true", help="print what was seen and decided as JSON")
+        sub.add_argument("--lock-file", default=LOCK_FILE, metavar="FILE",
+                         help="the pair's lifecycle lock, taken by every start, stop and restart (the guard never "
+                              "waits for it)")
+        sub.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT_S, metavar="S",
+                         help="how long a start, stop or restart waits for the lifecycle lock before giving up")
 
     guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")
     common(guard, acts=True)
@@ -814,7 +1015,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     restart = verbs.add_parser("restart", help="ordered pair restart now (stop head, stop worker, start worker, "
                                                "start head, wait until serving)")
     common(restart, acts=True)
+    restart.add_argument("--no-wait", action="store_true",
+                         help="only the four ordered steps, no readiness wait and no guard history (for playbooks, "
+                              "which wait with `pair check`)")
     restart.set_defaults(func=_with_defaults(cmd_restart))
+    start = verbs.add_parser("start", help="bring the pair to serving: nothing if both ranks are active, else the "
+                                           "ordered restart (worker starts first), then wait until serving")
+    common(start, acts=True)
+    start.add_argument("--no-wait", action="store_true", help="only the ordered steps, no readiness wait")
+    start.set_defaults(func=_with_defaults(cmd_start))
+    stop = verbs.add_parser("stop", help="pause the guard, then stop the head and the worker (head first)")
+    common(stop, acts=True)
+    stop.add_argument("--reason", default="", help="why, as the pause marker will say")
+    stop.set_defaults(func=_with_defaults(cmd_stop))
+    pause = verbs.add_parser("pause", help="pause the guard (every run does nothing) and end a run in progress")
+    common(pause, acts=False)
+    pause.add_argument("--reason", default="paused by an operator", help="why, as the guard's journal will say")
+    pause.set_defaults(func=cmd_pause)
+    resume = verbs.add_parser("resume", help="end a pause: the guard's next run looks at the pair again")
+    common(resume, acts=False)
+    resume.set_defaults(func=cmd_resume)
+    kick = verbs.add_parser("kick", help="wake the head's pair guard now (a rank's ExecStopPost=): one datagram, "
+                                         "no command")
+    kick.add_argument("--to", action="append", required=True, metavar="ADDRESS:PORT",
+                      help="the head's kick socket (twinspark-pair-guard-kick.socket); repeat for more")
+    kick.set_defaults(func=cmd_kick)
     reset = verbs.add_parser("reset", help="forget failed restarts and a give-up")
     common(reset, acts=False)
     reset.set_defaults(func=cmd_reset)
