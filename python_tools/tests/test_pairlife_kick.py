@@ -210,3 +210,39 @@ def test_systemd_socket_activation_hands_the_guard_its_kicks(tmp_path: Path):
     assert proc.returncode == 0, out
     assert "pair guard run: woken by 2 kick(s) from 127.0.0.1" in out
     assert "pair guard paused by pytest" in out and "not looking" in out
+
+
+def _scripted(states):
+    """The unit states each read returns, and a clock that one sleep moves by one second."""
+    seen = iter(states)
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += 1.0
+
+    return (lambda: next(seen)), (lambda: now[0]), sleep
+
+
+def test_a_kicked_guard_waits_for_a_stopping_rank_to_finish_before_judging():
+    from twinspark import pairguard
+
+    read, clock, sleep = _scripted([("active", "deactivating"), ("active", "deactivating"), ("active", "failed")])
+    head, worker, waited = pairguard.settle(read, timeout_s=30, clock=clock, sleep=sleep)
+    assert (head, worker) == ("active", "failed")
+    assert waited == 2.0
+
+
+def test_settling_gives_up_at_its_bound_and_returns_what_it_last_saw():
+    from twinspark import pairguard
+
+    read, clock, sleep = _scripted([("deactivating", "active")] * 10)
+    head, worker, waited = pairguard.settle(read, timeout_s=3, clock=clock, sleep=sleep)
+    assert (head, worker) == ("deactivating", "active")
+    assert waited == 3.0
+
+
+def test_settling_does_not_wait_when_no_rank_is_stopping():
+    from twinspark import pairguard
+
+    read, clock, sleep = _scripted([("active", "inactive")])
+    assert pairguard.settle(read, timeout_s=30, clock=clock, sleep=sleep) == ("active", "inactive", 0.0)

@@ -602,7 +602,7 @@ def run_steps(pair: Pair, steps: Sequence[tuple[str, str]], what: str = "ordered
     return True, ", ".join(done) or "nothing to do"
 
 
-def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 5.0,
+def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  ) -> tuple[bool, str]:
     """Wait until the head answers a generation; gives up early when a rank's unit leaves `active`."""
@@ -628,7 +628,7 @@ def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, pol
         sleep(poll_s)
 
 
-def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 5.0,
+def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 2.0,
                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                     ) -> tuple[bool, str]:
     """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
@@ -712,10 +712,33 @@ def cmd_guard(args: argparse.Namespace) -> int:
         return 2
 
 
+def settle(read: Callable[[], tuple[str, str | None]], timeout_s: float, poll_s: float = 0.5,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+           ) -> tuple[str, str | None, float]:
+    """Wait, at most `timeout_s`, until neither rank's unit is `deactivating`; (head, worker, seconds waited).
+
+    A kick arrives the moment a rank's main process is gone, while systemd still stops its leftover processes
+    (`deactivating`). Judged then, a dying rank would read as a rank in transition and be left alone; judged once it
+    settled (inactive or failed), it is the half pair it is."""
+    started = clock()
+    while True:
+        head, worker = read()
+        waited = clock() - started
+        if "deactivating" not in (head, worker) or waited >= timeout_s:
+            return head, worker, waited
+        sleep(poll_s)
+
+
 def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pairlife.KickInbox, trigger: str) -> int:
     """One guard run under the lifecycle lock: look, decide, act, remember."""
     state_path = Path(args.state_file)
     state = load_state(state_path)
+    if "woken" in trigger and args.settle > 0:
+        head, worker, waited = settle(lambda: (pair.head_props().get("ActiveState") or "unknown", pair.worker("state")),
+                                      args.settle)
+        if waited >= 0.5:
+            log(6, f"waited {waited:.1f} s for a stopping rank to finish stopping (head {head}, "
+                   f"worker {worker or 'unreachable'})")
     obs = pair.observe(args.probe_timeout, policy, state)
     now = time.time()
     decision = decide(obs, state, policy, now)
@@ -735,7 +758,7 @@ def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pair
         save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
         state, ok = _run_restart(pair, args, state, policy, decision.reason)
         code = 0 if ok else 1
-        # The restart's own stops kicked the socket (both ranks' ExecStopPost=): those kicks are not news.
+        # The restart's own stops kicked the socket (both ranks' ExecStop=): those kicks are not news.
         own = inbox.drain()
         if own.count:
             log(7, f"dropped {own.count} kick(s) sent by this restart's own stops")
@@ -1008,6 +1031,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")
     common(guard, acts=True)
+    guard.add_argument("--settle", type=float, default=30.0, metavar="S",
+                       help="woken by a kick, wait at most this long for a rank that is still stopping to finish "
+                            "(the rank's stop grace and a margin) before judging the pair")
     guard.set_defaults(func=_with_defaults(cmd_guard))
     check = verbs.add_parser("check", help="one look at the pair without acting (exit 0 serving, 1 broken, 3 not yet)")
     common(check, acts=True)
@@ -1035,7 +1061,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     resume = verbs.add_parser("resume", help="end a pause: the guard's next run looks at the pair again")
     common(resume, acts=False)
     resume.set_defaults(func=cmd_resume)
-    kick = verbs.add_parser("kick", help="wake the head's pair guard now (a rank's ExecStopPost=): one datagram, "
+    kick = verbs.add_parser("kick", help="wake the head's pair guard now (a rank's ExecStop=): one datagram, "
                                          "no command")
     kick.add_argument("--to", action="append", required=True, metavar="ADDRESS:PORT",
                       help="the head's kick socket (twinspark-pair-guard-kick.socket); repeat for more")

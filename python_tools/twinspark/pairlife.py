@@ -1,7 +1,7 @@
 """The pair's lifecycle on the head: the guard's wake-up kick, and (below) what every start and stop shares.
 
 The kick. A rank that stops for any reason (killed, crashed, lost its peer and exited with status 0, stopped by
-someone) runs `twinspark pair kick` from its unit's `ExecStopPost=`: one UDP datagram carrying a fixed token to the
+someone) runs `twinspark pair kick` from its unit's `ExecStop=`: one UDP datagram carrying a fixed token to the
 head. On the head, `twinspark-pair-guard-kick.socket` listens for it (loopback for the head's own rank, the head's
 fabric address for the worker's) and activates `twinspark-pair-guard.service`, which inherits the socket, reads
 every datagram waiting in it (`KickInbox.drain`) and then looks at the pair as it always does. A datagram means
