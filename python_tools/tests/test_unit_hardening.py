@@ -136,10 +136,10 @@ def test_a_stopped_rank_kicks_the_head_guard_over_loopback_or_the_fabric(rendere
     assert re.search(r"^\[Unit\]\n(?:.*\n)*?StartLimitIntervalSec=0\n(?:.*\n)*?\[Service\]", guard, re.M)
     for rank, target in ((0, listens[0]), (1, listens[1])):
         unit = _unit(rendered, profile, rank, "twinspark-vllm.service")
-        # ExecStop=: run the moment the main process is gone, before the leftovers get the stop grace
-        stop = re.findall(r"^ExecStop=(.*)$", unit, re.M)
-        assert stop == [f"-/opt/twinspark/venv/bin/python -I -m twinspark.cli pair kick --to {target}"], stop
-        assert not re.search(r"^ExecStopPost=", unit, re.M)
+        # ExecStop=: a clean exit kicks before the leftovers get the stop grace; ExecStopPost=: a kill or crash kicks
+        kick = f"-/opt/twinspark/venv/bin/python -I -m twinspark.cli pair kick --to {target}"
+        assert re.findall(r"^ExecStop=(.*)$", unit, re.M) == [kick]
+        assert re.findall(r"^ExecStopPost=(.*)$", unit, re.M) == [kick]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])

@@ -758,7 +758,7 @@ def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pair
         save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
         state, ok = _run_restart(pair, args, state, policy, decision.reason)
         code = 0 if ok else 1
-        # The restart's own stops kicked the socket (both ranks' ExecStop=): those kicks are not news.
+        # The restart's own stops kicked the socket (both ranks' ExecStop=/ExecStopPost=): those kicks are not news.
         own = inbox.drain()
         if own.count:
             log(7, f"dropped {own.count} kick(s) sent by this restart's own stops")
