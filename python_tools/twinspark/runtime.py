@@ -292,3 +292,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"report this flavour instead of reading {FLAVOUR_ENV} from --env-file")
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.set_defaults(func=_command)
+    from twinspark import runtimes
+
+    runtimes.add_verbs(verbs)

