@@ -204,3 +204,29 @@ def test_unread_knobs_names_fork_only_knobs_on_a_stock_runtime():
     assert lines[0].startswith("VLLM_USE_B12X_MOE is set") and lines[1].startswith("DSPARK_MAX_INFLIGHT_PREFILLS")
     assert runtimes.unread_knobs(values, "fork") == []
     assert runtimes.unread_knobs({}, "stock") == []
+
+
+def test_rollback_goes_back_once_and_a_second_rollback_changes_nothing(tmp_path, capsys):
+    _runtime_dir(tmp_path, A, 1)
+    _runtime_dir(tmp_path, B, 2)
+    root = ["--root", str(tmp_path)]
+    assert main(["runtime", "switch", A, *root]) == 0
+    assert main(["runtime", "switch", B, *root]) == 0
+    capsys.readouterr()
+    assert main(["runtime", "rollback", *root]) == 0
+    assert json.loads(capsys.readouterr().out) == {"changed": True, "current": A, "previous": B}
+    assert main(["runtime", "rollback", *root]) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] is False
+    assert os.readlink(tmp_path / "current") == A
+    # upgrading again ends the rollback: the next rollback goes back again
+    assert main(["runtime", "switch", B, *root]) == 0
+    capsys.readouterr()
+    assert main(["runtime", "rollback", *root]) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] is True
+
+
+def test_rollback_without_previous_fails(tmp_path, capsys):
+    _runtime_dir(tmp_path, A, 1)
+    assert main(["runtime", "switch", A, "--root", str(tmp_path)]) == 0
+    assert main(["runtime", "rollback", "--root", str(tmp_path)]) == 1
+    assert "no previous runtime" in capsys.readouterr().err

@@ -20,6 +20,8 @@ target or the new one, never none.
 `twinspark runtime list [--json]`: the runtimes, current and previous marked. Exit 0; 2 when the root is unusable.
 `twinspark runtime switch ID | --previous`: point `current` at ID (the old current becomes `previous`), or swap
 current and previous. Exit 0 (prints `changed` or `unchanged`); 1 when ID is not a complete runtime; 2 bad input.
+`twinspark runtime rollback`: switch to `previous` and remember the runtime left (file `rolled-back`), so a second
+rollback changes nothing instead of flipping back. Exit 0 (prints changed); 1 when there is no previous runtime.
 `twinspark runtime prune [--keep N] [--dry-run]`: remove old runtimes, keeping the N newest complete ones (default
 2) and never current or previous. Exit 0.
 
@@ -201,6 +203,20 @@ def switch_plan(runtimes: Iterable[Runtime], target: str | None, to_previous: bo
     return SwitchPlan(current=target, previous=current, changed=True)
 
 
+ROLLED_BACK = "rolled-back"  # file in the root naming the runtime a rollback left
+
+
+def rollback_plan(runtimes: Iterable[Runtime], rolled_back_from: str | None) -> SwitchPlan:
+    """Return to the previous runtime, once: when the last rollback already left the runtime `previous` names
+    (rolled_back_from), nothing changes, so a second rollback does not flip back. ValueError without a previous."""
+    items = list(runtimes)
+    current = next((r.id for r in items if r.current), None)
+    previous = next((r.id for r in items if r.previous), None)
+    if previous is not None and previous == rolled_back_from:
+        return SwitchPlan(current=current, previous=previous, changed=False)
+    return switch_plan(items, None, True)
+
+
 # -- the upgrade gate -------------------------------------------------------------------------------------------
 
 GATES = ("generation", "agreement", "bench")
@@ -306,6 +322,28 @@ def _switch_command(args: argparse.Namespace) -> int:
         if plan.previous is not None:
             replace_link(root, PREVIOUS, plan.previous)
         replace_link(root, CURRENT, plan.current)
+        (root / ROLLED_BACK).unlink(missing_ok=True)  # a deliberate switch ends a rollback
+    print(json.dumps({"changed": plan.changed, "current": plan.current, "previous": plan.previous}))
+    return 0
+
+
+def _rollback_command(args: argparse.Namespace) -> int:
+    root = _root(args, "rollback")
+    if root is None:
+        return 2
+    marker = root / ROLLED_BACK
+    left = marker.read_text().strip() if marker.is_file() else None
+    try:
+        plan = rollback_plan(scan(root), left)
+    except ValueError as exc:
+        print(f"twinspark runtime rollback: {exc}", file=sys.stderr)
+        return 1
+    if plan.changed:
+        replace_link(root, PREVIOUS, plan.previous)
+        replace_link(root, CURRENT, plan.current)
+        from twinspark.atomic import write_atomic
+
+        write_atomic(marker, f"{plan.previous}\n".encode(), mode=0o644)
     print(json.dumps({"changed": plan.changed, "current": plan.current, "previous": plan.previous}))
     return 0
 
@@ -331,6 +369,8 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     """Add list/switch/prune to the `twinspark runtime` verbs (called by twinspark.runtime.register)."""
     for name, func, text in (("list", _list_command, "the installed runtimes, current and previous marked"),
                              ("switch", _switch_command, "point `current` at a runtime (or back at `previous`)"),
+                             ("rollback", _rollback_command,
+                              "return to the previous runtime, once (a second rollback changes nothing)"),
                              ("prune", _prune_command, "remove old runtimes (never current or previous)")):
         parser = verbs.add_parser(name, help=text, description=__doc__)
         parser.add_argument("--root", default=DEFAULT_ROOT, help="the runtimes directory (default: %(default)s)")
