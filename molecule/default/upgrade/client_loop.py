@@ -13,6 +13,7 @@ the unit to uvicorn's "Application startup complete".
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -63,7 +64,7 @@ def summary(log: Path, switch_epoch: float, journal: Path) -> int:
     attempts = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     good = [a["at"] for a in attempts if a["ok"]]
     gap, gap_from, gap_to = 0.0, None, None
-    for before, after in zip(good, good[1:]):
+    for before, after in itertools.pairwise(good):
         if after - before > gap:
             gap, gap_from, gap_to = after - before, before, after
     failed_before_switch = sum(1 for a in attempts if not a["ok"] and a["at"] < switch_epoch)
