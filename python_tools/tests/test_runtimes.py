@@ -272,3 +272,16 @@ def test_a_failed_upgrade_puts_both_pointers_back(tmp_path, capsys):
     assert main(["runtime", "switch", A, "--set-previous", "", *root]) == 0
     assert not (tmp_path / "previous").is_symlink()
     assert main(["runtime", "switch", A, "--set-previous", "nope", *root]) == 1
+
+
+def test_runtime_facts_name_the_runtime_through_the_pointer(tmp_path):
+    from twinspark import runtime
+
+    site = tmp_path / "runtimes" / A / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "runtimes" / "current").symlink_to(A)
+    (tmp_path / "venv").symlink_to(tmp_path / "runtimes" / "current" / "venv")
+    assert runtime.runtime_id_of(tmp_path / "venv" / "lib" / "python3.11" / "site-packages") == A
+    plain = tmp_path / "old" / "venv" / "lib" / "python3.11" / "site-packages"
+    plain.mkdir(parents=True)
+    assert runtime.runtime_id_of(plain) is None
