@@ -217,7 +217,7 @@ def test_role_preflight_refuses_bad_fork_input_naming_the_variable(tmp_path):
 
 def test_role_installs_the_fork_once_and_refuses_a_changed_wheel(wheels, tmp_path):
     wheel_dir, pinned = wheels
-    venv = tmp_path / "venv"
+    venv = tmp_path / "runtimes" / "vllm-0.33.0+fork.1-aaaaaaaaaaaa" / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=180)
     python = venv / "bin" / "python"
     work = tmp_path / "work"
@@ -228,10 +228,10 @@ def test_role_installs_the_fork_once_and_refuses_a_changed_wheel(wheels, tmp_pat
     assert _installed(python) == "[('forkdep', '1.0'), ('vllm', '0.33.0+fork.1')]"
     assert "--require-hashes" in (work / "fork-requirements.txt").read_text() or \
         "--hash=sha256:" + pinned[0]["sha256"] in (work / "fork-requirements.txt").read_text()
-    assert (work / "restart-pending").exists()  # new code in the venv: the pair is marked for an ordered restart
+    # Installed into a runtime of its own, which no rank runs yet: staging asks for no restart (the switch does).
+    assert not (work / "restart-pending").exists()
     assert counts["changed"] >= 3
 
-    (work / "restart-pending").unlink()
     rc, output, counts = run_role("install", work, wheel_dir, venv, pinned)
     assert rc == 0 and counts["changed"] == 0, output[-4000:]  # converged: nothing installed, nothing marked
     assert not (work / "restart-pending").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,10 @@ def test_a_failing_loop_names_the_failing_item_not_all_items_completed():
                                                                     "res": res}})
     assert ("UNREACHABLE: node1: [Show the state of the pair] Read the units: item node2: ssh: connect to host "
             "10.78.0.2 port 22: Connection refused") in stream.getvalue()
+
+
+def test_upgrade_and_rollback_run_their_playbooks():
+    for verb in ("upgrade", "rollback"):
+        playbook = frontdoor.PLAYBOOKS[verb]
+        assert playbook == f"playbooks/{verb}.yml" and (Path(__file__).resolve().parents[2] / playbook).is_file()
+        assert cli.COMMANDS[verb][0] == "twinspark.frontdoor"

@@ -350,3 +350,20 @@ def test_metrics_summary_and_a_full_kv_cache():
 def test_exit_code_is_the_worst_status(statuses, code):
     results = [checks.CheckResult("n", f"c{i}", s, "") for i, s in enumerate(statuses)]
     assert checks.exit_code(checks.overall(results)) == code
+
+
+def test_knobs_check_names_set_knobs_the_installed_runtime_never_reads():
+    line = "DSPARK_MAX_INFLIGHT_PREFILLS is set (2) but the installed runtime never reads it (...)"
+    result = checks.check_knobs("node1", {"unread_knobs": [line]})
+    assert result.status == DEGRADED and "DSPARK_MAX_INFLIGHT_PREFILLS" in result.message
+    assert "env check --runtime" in result.fix
+    assert checks.check_knobs("node1", {"unread_knobs": []}).status == OK
+
+
+def test_gather_reports_unread_knobs_from_the_runtime_record(tmp_path):
+    (tmp_path / "rt" / "venv").mkdir(parents=True)
+    (tmp_path / "rt" / "runtime.json").write_text(
+        '{"reads": {"VLLM_USE_B12X_MOE": false, "DSPARK_MAX_INFLIGHT_PREFILLS": true}}')
+    env = {"VLLM_USE_B12X_MOE": "1", "DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
+    lines = gather.read_unread_knobs(env, tmp_path / "rt" / "venv")
+    assert [line.split()[0] for line in lines] == ["VLLM_USE_B12X_MOE"]

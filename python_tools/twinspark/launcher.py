@@ -85,6 +85,19 @@ def api_keys(values: Mapping[str, str]) -> list[str]:
     return text.split()
 
 
+def pinned_python(executable: str, prefix: str, base_prefix: str, realpath=os.path.realpath) -> str:
+    """The interpreter vLLM is exec'd with: this venv's, with the links of its directory resolved.
+
+    The units start `/opt/twinspark/venv/bin/python`, a path through the `current` runtime pointer. vLLM runs from
+    the runtime directory that pointer named at start (/opt/twinspark/runtimes/<id>/venv/bin/python), so switching
+    `current` later (an upgrade staging and switching) never changes the code under a running rank. Outside a venv
+    the executable is returned as it is.
+    """
+    if prefix == base_prefix:
+        return executable
+    return os.path.join(realpath(prefix), "bin", os.path.basename(executable))
+
+
 def build_command(
     values: Mapping[str, str],
     others: Mapping[str, str] | None = None,
@@ -258,7 +271,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for note in notes:
             print(note, file=sys.stderr)
 
-    command = build_command(values, result.others, registry)
+    command = build_command(values, result.others, registry,
+                            pinned_python(sys.executable, sys.prefix, sys.base_prefix))
     if args.dry_run:
         shown = command.shown(args.show_secrets)
         if args.json:

@@ -2,10 +2,11 @@
 
 `twinspark runtime facts [--json]` reports the installed vLLM (distribution and version), torch, the patch status
 and a digest of the installed `twinspark` package (its files' content, not its version number, so a rebuilt package
-with the same version still counts as different), and the runtime flavour (stock or fork): --flavour when given,
-else TWINSPARK_RUNTIME_FLAVOUR from the node's env file (--env-file, default /etc/twinspark/serve.env; the
-registry's default when the file does not set it, null when the file is absent or unreadable). The vllm_runtime
-role compares these between the two nodes. It reads installed metadata only: it imports neither vLLM nor torch.
+with the same version still counts as different), the versioned runtime's id (docs/UPGRADES.md), and the runtime
+flavour (stock or fork): --flavour when given, else TWINSPARK_RUNTIME_FLAVOUR from the node's env file (--env-file,
+default /etc/twinspark/serve.env; the registry's default when the file does not set it, null when the file is absent
+or unreadable). The vllm_runtime role compares these between the two nodes. It reads installed metadata only: it
+imports neither vLLM nor torch.
 
 Exit codes: 0 the report was produced (whatever it says); 2 invalid input.
 
@@ -106,7 +107,19 @@ def facts(
         "twinspark_digest": package,
         "python": ".".join(map(str, sys.version_info[:3])),
         "flavour": flavour,
+        "runtime_id": runtime_id_of(site_packages),
     }
+
+
+def runtime_id_of(site_packages: Path) -> str | None:
+    """The versioned runtime a site-packages belongs to (<root>/<id>/venv/lib/pythonX.Y/site-packages, links
+    resolved: /opt/twinspark/venv goes through `current`), None outside that layout."""
+    from twinspark import runtimes
+
+    parts = site_packages.resolve().parts
+    if len(parts) >= 5 and parts[-4] == "venv" and runtimes.is_id(parts[-5]):
+        return parts[-5]
+    return None
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -292,3 +305,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"report this flavour instead of reading {FLAVOUR_ENV} from --env-file")
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.set_defaults(func=_command)
+    from twinspark import runtimes
+
+    runtimes.add_verbs(verbs)

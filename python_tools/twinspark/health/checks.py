@@ -303,6 +303,18 @@ def check_earlyoom(node: str, earlyoom: Mapping[str, str]) -> CheckResult:
     return ok(node, "earlyoom", "earlyoom absent" if earlyoom.get("LoadState") != "loaded" else "earlyoom stopped")
 
 
+def check_knobs(node: str, runtime: Mapping[str, object]) -> CheckResult:
+    """Every knob set in the env files is read by the installed runtime (fork-only knobs on a build without them
+    tune nothing)."""
+    unread = list(runtime.get("unread_knobs") or [])
+    if unread:
+        names = ", ".join(line.split()[0] for line in unread)
+        return degraded(node, "knobs", f"set but never read by the installed runtime: {names}",
+                        "remove them from the inventory, or install a build that reads them "
+                        "(`twinspark env check --runtime /opt/twinspark/venv FILE...` says why; docs/UPGRADES.md)")
+    return ok(node, "knobs", "every set knob is read by the installed runtime")
+
+
 def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
     """Every per-node check over one node's gathered facts (the `facts` of gather.gather_node)."""
     unit = facts.get("unit") or {}
@@ -316,6 +328,8 @@ def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
         check_disk(node, facts.get("disk") or {}),
         check_earlyoom(node, facts.get("earlyoom") or {}),
     ]
+    if facts.get("runtime") is not None:
+        results.append(check_knobs(node, facts["runtime"]))
     return results
 
 

@@ -270,6 +270,21 @@ def read_runtime() -> dict[str, object]:
     return runtime.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
 
 
+def read_unread_knobs(env: Mapping[str, str], prefix: Path | None = None) -> list[str]:
+    """The knobs set in the env files that this runtime never reads (twinspark.runtimes): recorded by the role in
+    the runtime's runtime.json, else looked up in the installed vLLM's code."""
+    import sys
+    import sysconfig
+
+    from twinspark import runtimes
+
+    prefix = Path(sys.prefix) if prefix is None else prefix
+    reads = runtimes.runtime_record_reads(prefix)
+    if reads is None:
+        reads = runtimes.knob_readers(Path(sysconfig.get_paths()["purelib"]))
+    return runtimes.unread_knobs(env, reads)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # One node, all facts
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,7 +329,7 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         "model": read_model(env),
         "disk": read_disk(state_dir),
         "earlyoom": read_unit("earlyoom.service", run),
-        "runtime": {**read_runtime(), "flavour": flavour_of(env)},
+        "runtime": {**read_runtime(), "flavour": flavour_of(env), "unread_knobs": read_unread_knobs(env)},
     }
     if profile == "gb10":
         try:

