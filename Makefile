@@ -47,7 +47,7 @@ demo: setup
 # The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
 # every playbook run against the pair does.
 sim-test: setup
-	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name default
+	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 molecule test --scenario-name default
 
 # With the pair down, prove no packet for a node can leave this machine: safety-net routes and every tool refusing.
 sim-airtight: setup
