@@ -920,24 +920,24 @@ def _lifecycle(args: argparse.Namespace, pair: Pair, verb: str) -> int:
     return 0 if result["ok"] else 1
 
 
-def cmd_start(args: argparse.Namespace) -> int:
-    """Bring the pair to serving: nothing when both ranks are active, else the ordered restart, then wait."""
+def _lifecycle_from_args(args: argparse.Namespace, verb: str) -> int:
+    """The pair from the command line (exit 2 naming what is wrong), then `_lifecycle` with `verb`."""
     try:
         pair = _pair_from_args(args)
     except (ValueError, OSError) as exc:
-        log(3, f"pair start: {exc}")
+        log(3, f"pair {verb}: {exc}")
         return 2
-    return _lifecycle(args, pair, "start")
+    return _lifecycle(args, pair, verb)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Bring the pair to serving: nothing when both ranks are active, else the ordered restart, then wait."""
+    return _lifecycle_from_args(args, "start")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     """Pause the guard, then stop the head and the worker (exit 1 naming the worker when it cannot be reached)."""
-    try:
-        pair = _pair_from_args(args)
-    except (ValueError, OSError) as exc:
-        log(3, f"pair stop: {exc}")
-        return 2
-    return _lifecycle(args, pair, "stop")
+    return _lifecycle_from_args(args, "stop")
 
 
 def cmd_kick(args: argparse.Namespace) -> int:
