@@ -345,3 +345,13 @@ def test_runtime_flavour_comes_from_the_env_files_and_defaults_to_stock():
     assert gather.flavour_of({}) == "stock"
     assert gather.flavour_of({"TWINSPARK_RUNTIME_FLAVOUR": ""}) == "stock"
     assert gather.flavour_of({"TWINSPARK_RUNTIME_FLAVOUR": "fork"}) == "fork"
+
+
+def test_head_only_tls_files_are_not_settings_both_nodes_must_share():
+    per_node, secret = gather.registry_flags()
+    assert {"TWINSPARK_VLLM_TLS_CERT", "TWINSPARK_VLLM_TLS_KEY", "TWINSPARK_VLLM_TLS_CA"} <= per_node
+    head = {"VLLM_PORT": "8888", "TWINSPARK_VLLM_TLS_CERT": "/etc/twinspark/tls/server.crt"}
+    worker = {"VLLM_PORT": "8888"}
+    assert checks.check_settings_agree({"node1": head, "node2": worker}, per_node, secret).status == OK
+    worker_differs = {"VLLM_PORT": "9999"}
+    assert checks.check_settings_agree({"node1": head, "node2": worker_differs}, per_node, secret).status == FAILED

@@ -78,11 +78,15 @@ def validate_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
 
 
 def registry_flags() -> tuple[set[str], set[str]]:
-    """(names that differ per node, names that are secret) from the settings registry."""
+    """(names that may differ per node, names that are secret) from the settings registry.
+
+    A file installed on the head only (`installed_as`: the API's TLS certificate and key) is named in the head's env
+    file alone, so it is not a setting both nodes must share."""
     from twinspark import settings
 
     knobs = settings.load().knobs
-    return {k.env for k in knobs if k.per_node}, {k.env for k in knobs if k.secret}
+    return ({k.env for k in knobs if k.per_node or k.installed_as is not None},
+            {k.env for k in knobs if k.secret})
 
 
 def digest(value: str) -> str:
