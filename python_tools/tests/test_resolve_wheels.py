@@ -1,0 +1,78 @@
+"""roles/vllm_runtime/files/resolve-wheels.py: the wheel-set resolution the runtime role runs on every node, cached
+for a wheelhouse source only, and resolved again when anything in the wheelhouse changes. Real pip (this venv's),
+handshaped wheels, no network (--no-index; the index case is refused before pip could reach anything)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_runtime_flow import handshaped_wheel
+
+SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "vllm_runtime" / "files" / "resolve-wheels.py"
+
+
+def _resolve(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), str(cache), *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def _names(report: str) -> list[str]:
+    return sorted(item["metadata"]["name"] for item in json.loads(report)["install"])
+
+
+def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    house.mkdir()
+    handshaped_wheel(house, "demo-top", "1.0", {"demo_top/__init__.py": b""}, ("demo-dep",))
+    handshaped_wheel(house, "demo-dep", "2.0", {"demo_dep/__init__.py": b""})
+    cache = tmp_path / "cache"
+    args = ("--no-index", "--find-links", str(house), "demo-top==1.0")
+
+    first = _resolve(cache, *args)
+    assert first.returncode == 0, first.stderr
+    assert _names(first.stdout) == ["demo-dep", "demo-top"]
+    kept = list(cache.glob("resolve-*.json"))
+    assert len(kept) == 1 and kept[0].read_text() == first.stdout
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
+
+    # The second run answers from the cache: a marker written into the kept report comes back verbatim.
+    marker = json.dumps({"install": [{"metadata": {"name": "from-cache"}}]})
+    kept[0].write_text(marker)
+    assert _resolve(cache, *args).stdout == marker
+
+    # A new wheel in the wheelhouse is a new key: pip resolves again and the newer dependency wins.
+    handshaped_wheel(house, "demo-dep", "2.1", {"demo_dep/__init__.py": b"# newer\n"})
+    again = _resolve(cache, *args)
+    assert again.returncode == 0, again.stderr
+    versions = {item["metadata"]["name"]: item["metadata"]["version"] for item in json.loads(again.stdout)["install"]}
+    assert versions == {"demo-top": "1.0", "demo-dep": "2.1"}
+    assert [p.read_text() for p in cache.glob("resolve-*.json")] == [again.stdout]
+
+
+def test_a_missing_wheel_fails_and_nothing_is_cached(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    house.mkdir()
+    handshaped_wheel(house, "demo-top", "1.0", {"demo_top/__init__.py": b""}, ("demo-absent",))
+    cache = tmp_path / "cache"
+    result = _resolve(cache, "--no-index", "--find-links", str(house), "demo-top==1.0")
+    assert result.returncode != 0
+    assert "demo-absent" in result.stderr
+    assert not cache.exists() or not list(cache.glob("resolve-*.json"))
+
+
+def test_an_index_source_is_never_cached(tmp_path: Path) -> None:
+    # An unroutable index that pip cannot reach without the network: port 9 on loopback (discard), one retry.
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PIP_RETRIES="0", PIP_TIMEOUT="2")
+    result = subprocess.run([sys.executable, str(SCRIPT), str(cache), "--index-url", "http://127.0.0.1:9/simple",
+                             "demo-top==1.0"], capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert result.returncode != 0
+    assert not cache.exists()
+
+
+def test_usage_without_arguments() -> None:
+    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and "usage" in result.stderr

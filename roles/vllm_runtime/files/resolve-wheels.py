@@ -1,0 +1,99 @@
+"""Resolve the wheel set an install would take and print pip's installation report (JSON) on stdout.
+
+    usage: resolve-wheels.py CACHE_DIR PIP_INSTALL_ARGUMENT...
+
+Run by the vllm_runtime role with the probe venv's Python (tasks/identity.yml). pip's resolution of vLLM's wheel set
+takes seconds on every run although the answer only changes with the wheelhouse, so when the source is a wheelhouse
+(`--no-index --find-links DIR`) the report is kept in CACHE_DIR, keyed by pip's version, the arguments and every
+wheelhouse entry's name, size and modification time: any change there resolves again. An index source is never
+cached (its answer can change without anything here changing). Standard library only; reads and resolves, installs
+nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PIP_COMMAND = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet",
+               "--dry-run", "--ignore-installed", "--report", "-"]
+
+
+def wheelhouses(args: list[str]) -> list[str] | None:
+    """The --find-links directories when pip may not reach an index, else None (nothing safe to cache)."""
+    if "--no-index" not in args:
+        return None
+    found = [args[index + 1] for index, arg in enumerate(args[:-1]) if arg == "--find-links"]
+    return found or None
+
+
+def listing(directory: str) -> list[list[object]]:
+    entries = []
+    with os.scandir(directory) as scan:
+        for entry in scan:
+            info = entry.stat(follow_symlinks=True)
+            entries.append([entry.name, info.st_size, info.st_mtime_ns])
+    return sorted(entries)
+
+
+def cache_key(args: list[str], directories: list[str]) -> str:
+    material = {"python": sys.executable, "pip": importlib.metadata.version("pip"), "args": args,
+                "wheelhouses": {directory: listing(directory) for directory in directories}}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def write_atomically(path: str, text: str) -> None:
+    directory = os.path.dirname(path)
+    handle, scratch = tempfile.mkstemp(dir=directory, prefix=".resolve-")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        os.unlink(scratch)
+        raise
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: resolve-wheels.py CACHE_DIR PIP_INSTALL_ARGUMENT...", file=sys.stderr)
+        return 2
+    cache_dir, args = argv[0], argv[1:]
+    directories = wheelhouses(args)
+    cached = None
+    if directories is not None:
+        try:
+            cached = os.path.join(cache_dir, f"resolve-{cache_key(args, directories)}.json")
+        except OSError as error:  # an unreadable wheelhouse: let pip say what is wrong with it
+            print(f"resolve-wheels.py: not caching: {error}", file=sys.stderr)
+        if cached and os.path.isfile(cached):
+            with open(cached) as stream:
+                sys.stdout.write(stream.read())
+            return 0
+    completed = subprocess.run(PIP_COMMAND + args, capture_output=True, text=True, check=False)
+    sys.stderr.write(completed.stderr)
+    if completed.returncode != 0:
+        return completed.returncode
+    try:
+        json.loads(completed.stdout)
+    except ValueError:
+        print("resolve-wheels.py: pip's report is not JSON", file=sys.stderr)
+        return 1
+    if cached:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        for name in os.listdir(cache_dir):
+            if name.startswith("resolve-") and name.endswith(".json"):
+                os.unlink(os.path.join(cache_dir, name))
+        write_atomically(cached, completed.stdout)
+    sys.stdout.write(completed.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
