@@ -27,31 +27,14 @@ import threading
 import time
 from pathlib import Path
 
-from twinspark import routerprobe
+from twinspark import routerconf, routerprobe
 
 HERE = Path(__file__).resolve().parent
 LAUNCHER = HERE / "routerlaunch.py"
 KEY = "drill-test-only-key"
 
-# The health and failure flags roles/router renders (its defaults/main.yml carries the same numbers): a dead pair
-# is out after at most interval x failure-threshold + timeout seconds; retries move a refused request to the other
-# pair; the circuit breaker opens after 3 failures in a row so a pair that answers 5xx is skipped before its
-# health check catches up.
-ROUTER_FLAGS = [
-    "--policy", "power_of_two",
-    "--health-check-interval-secs", "1",
-    "--health-check-timeout-secs", "1",
-    "--health-failure-threshold", "2",
-    "--health-success-threshold", "1",
-    "--retry-max-retries", "3",
-    "--retry-initial-backoff-ms", "50",
-    "--retry-max-backoff-ms", "500",
-    "--cb-failure-threshold", "3",
-    "--cb-success-threshold", "1",
-    "--cb-timeout-duration-secs", "2",
-    "--worker-startup-check-interval", "1",
-    "--worker-startup-timeout-secs", "120",
-]
+# The flags roles/router renders (routerconf.flags: policy, health checks, retries, circuit breaker).
+ROUTER_FLAGS = routerconf.flags()
 
 
 def router_python() -> str | None:
