@@ -214,3 +214,12 @@ def test_validate_playbook_accepts_a_fleet_and_names_a_broken_one(tmp_path):
     bad = run(tree)
     assert bad.returncode != 0
     assert "pair pair_b: has 0 workers" in bad.stdout
+
+
+@pytest.mark.parametrize("name", [fleet.PAIR_VAR, fleet.ROUTER_PAIRS_VAR, fleet.ROUTER_PORT_VAR,
+                                  fleet.ROUTER_METRICS_PORT_VAR])
+def test_the_fleet_variables_are_not_taken_for_misspelt_settings(name):
+    from twinspark import nodeenv
+
+    registry = settings.load()
+    assert nodeenv._unknown_name(name, registry) is None

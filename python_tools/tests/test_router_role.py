@@ -135,3 +135,24 @@ def test_the_router_playbook_passes_syntax_check(tmp_path):
                              "playbooks/router.yml", "--syntax-check"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service"])
+def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
+    """systemd-analyze's offline exposure score, held to the ceiling the pair's helper units have (2.5)."""
+    import re
+    import shutil
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    version = subprocess.run([analyze, "--version"], capture_output=True, text=True, timeout=60).stdout
+    if int(re.search(r"systemd (\d+)", version).group(1)) < 252:
+        pytest.skip("systemd-analyze security --offline needs systemd 252 or later")
+    unit = tmp_path / name
+    unit.write_text(render(name))
+    result = subprocess.run([analyze, "security", "--offline=true", str(unit)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    score = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout + result.stderr)
+    assert score is not None, result.stdout + result.stderr
+    assert float(score.group(1)) <= 2.5
