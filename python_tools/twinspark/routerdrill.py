@@ -118,6 +118,10 @@ class Drill:
         threading.Thread(target=self.keycheck.serve_forever, daemon=True).start()
         for name in self.ports:
             self.start_backend(name)
+        self.start_router()
+        return self
+
+    def start_router(self) -> None:
         self.router = subprocess.Popen(
             [self.python, str(LAUNCHER), "serve", "--key-check-url", f"http://127.0.0.1:{self.keycheck_port}/",
              "--", "--host", "127.0.0.1", "--port", str(self.router_port),
@@ -125,7 +129,16 @@ class Drill:
              "--worker-urls", self.url("a"), self.url("b"), *ROUTER_FLAGS, *self.extra_flags],
             stdout=self._log("router"), stderr=subprocess.STDOUT)
         _wait(lambda: routerprobe.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
-        return self
+
+    def restart_router(self) -> tuple[float, float]:
+        """SIGTERM the router (its graceful stop), start it again: (seconds to stop, seconds to answer again)."""
+        assert self.router is not None
+        started = time.monotonic()
+        self.router.terminate()
+        self.router.wait(timeout=30)
+        stopped = time.monotonic()
+        self.start_router()
+        return stopped - started, time.monotonic() - stopped
 
     def __exit__(self, *_exc) -> None:
         if self.router is not None and self.router.poll() is None:
@@ -153,6 +166,32 @@ class Drill:
             if line.startswith(prefix):
                 return float(line.split()[-1])
         return 0.0
+
+    def run_restart(self, total: int = 300, concurrency: int = 2, restart_at: int = 60) -> dict:
+        """The router itself restarted (what a key or pair-list change costs) under a client loop; its figures."""
+        done = {"n": 0}
+        lock = threading.Lock()
+        took: dict[str, float] = {}
+
+        def restart() -> None:
+            took["stop_s"], took["start_s"] = self.restart_router()
+            took["restart_s"] = took["stop_s"] + took["start_s"]
+
+        def on_done(_outcome: routerprobe.Outcome) -> None:
+            with lock:
+                done["n"] += 1
+                n = done["n"]
+            if n == restart_at:
+                threading.Thread(target=restart).start()
+
+        outcomes = routerprobe.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=10)
+        _wait(lambda: "restart_s" in took, 60, "router restarted")
+        figures = routerprobe.summarise(outcomes)
+        # a refused connection fails at once, so a fast loop's failed count says little: the window is the figure
+        figures.pop("failed_indices")
+        figures.update({"mode": "restart", "concurrency": concurrency, "stop_s": round(took["stop_s"], 2),
+                        "start_s": round(took["start_s"], 2), "no_router_s": round(took["restart_s"], 2)})
+        return figures
 
     def run(self, mode: str, total: int = 300, concurrency: int = 2, kill_at: int = 60, back_at: int = 180,
             victim: str = "a") -> dict:
@@ -235,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--delay-s", type=float, default=0.05, help="each backend's time per request")
-    parser.add_argument("--mode", choices=("kill", "drain", "both"), default="both")
+    parser.add_argument("--mode", choices=("kill", "drain", "restart", "both"), default="both",
+                        help="both: kill then drain; restart: the router itself restarted mid-loop")
     parser.add_argument("--log-dir", type=Path)
     parser.add_argument("--disable-retries", action="store_true",
                         help="run the router without retries, to see what they save")
@@ -250,8 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         extra = ["--disable-retries"] if opts.disable_retries else []
         with Drill(python, opts.delay_s, extra_flags=extra, log_dir=opts.log_dir) as drill:
-            figures = drill.run(mode, opts.total, opts.concurrency,
-                                kill_at=opts.total // 5, back_at=(opts.total * 3) // 5)
+            if mode == "restart":
+                figures = drill.run_restart(opts.total, opts.concurrency, restart_at=opts.total // 5)
+            else:
+                figures = drill.run(mode, opts.total, opts.concurrency,
+                                    kill_at=opts.total // 5, back_at=(opts.total * 3) // 5)
         print(json.dumps({**figures, "retries": not opts.disable_retries}), flush=True)
         worst = max(worst, 1 if figures["failed"] and mode == "drain" else 0)
     return worst
