@@ -45,7 +45,8 @@ def pair(name, head, worker, subnet):
 def fleet_inventory():
     """Two pairs and a router, in the layout docs/FLEET.md describes (documentation addresses only)."""
     return {"all": {
-        "vars": {"twinspark_vllm_api_key": "fleet-test-only-key"},
+        "vars": {"twinspark_vllm_api_key": "fleet-test-only-key",
+                 "vllm_service_api_allowed_networks": ["192.0.2.0/24"]},
         "children": {
             "twinspark_fleet": {"children": {"pair_a": pair("pair_a", "a1", "a2", 1),
                                              "pair_b": pair("pair_b", "b1", "b2", 2)}},
@@ -198,6 +199,7 @@ def test_validate_playbook_accepts_a_fleet_and_names_a_broken_one(tmp_path):
     for number, host in enumerate(hosts, start=1):
         host["ansible_host"] = f"127.0.0.{number}"
     tree["all"]["children"]["twinspark_router"]["hosts"]["r1"]["ansible_host"] = "127.0.0.9"
+    tree["all"]["vars"]["vllm_service_api_allowed_networks"] = ["127.0.0.0/8"]
     path = tmp_path / "hosts.yml"
 
     def run(inventory):
@@ -223,3 +225,21 @@ def test_the_fleet_variables_are_not_taken_for_misspelt_settings(name):
 
     registry = settings.load()
     assert nodeenv._unknown_name(name, registry) is None
+
+
+def test_a_pair_whose_firewall_would_refuse_the_router_is_named(tmp_path):
+    tree = fleet_inventory()
+    tree["all"]["children"]["twinspark_fleet"]["children"]["pair_b"]["vars"]["vllm_service_api_allowed_networks"] = [
+        "198.51.100.0/24"]
+    problems, *_ = problems_of(tmp_path, tree)
+    assert problems == [
+        "r1: its address 192.0.2.100 is not in vllm_service_api_allowed_networks of pair pair_b (head b1), so that "
+        "pair's firewall would refuse the router; add 192.0.2.100/32 or its network there"]
+
+
+def test_a_router_known_by_name_only_is_not_judged_by_address():
+    pair = fleet.Pair("p", "h", "w")
+    assert fleet.router_admission_problem("r1", {"ansible_host": "router.example"}, pair, {}) is None
+    assert fleet.router_admission_problem("r1", {"ansible_host": "192.0.2.5"}, pair,
+                                          {"vllm_service_api_allowed_networks": "192.0.2.0/28"}) is None
+    assert fleet.router_admission_problem("r1", {"ansible_host": "192.0.2.5"}, pair, {}) is not None

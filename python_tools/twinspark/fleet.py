@@ -15,6 +15,7 @@ Only the fleet's own rules live here; each pair's settings are still checked by 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ API_PORT_VAR = "twinspark_vllm_port"
 ROUTER_PORT_VAR = "twinspark_router_port"
 ROUTER_METRICS_PORT_VAR = "twinspark_router_metrics_port"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
+API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
 DEFAULT_API_PORT = 8888  # settings.yml VLLM_PORT's default; a test keeps the two equal
 DEFAULT_ROUTER_PORT = 30000
 DEFAULT_ROUTER_METRICS_PORT = 29000
@@ -152,6 +154,12 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
                          f"(a head and a worker each) or take {router} out of {ROUTER_GROUP}")
         elif not fronted:
             lines.append(f"{router}: fronts no pair; list at least one pair in {ROUTER_PAIRS_VAR} or leave it unset")
+    # each fronted pair's firewall must let its router in (roles/vllm_service: only listed networks reach the API)
+    for router in routers:
+        fronted, _ = router_pairs(host_vars.get(router, {}), found)
+        lines += [line for pair in fronted
+                  if (line := router_admission_problem(router, host_vars.get(router, {}), pair,
+                                                       host_vars.get(pair.head, {})))]
     # port clashes: every listening endpoint the fleet defines, per address
     endpoints: dict[tuple[str, int], list[str]] = {}
 
@@ -184,3 +192,26 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
             lines.append(f"{FABRIC_ADDRESS_VAR}: {address} is set on {', '.join(users)}; every node needs its own "
                          "fabric address")
     return lines
+
+
+def router_admission_problem(router: str, router_vars: Mapping[str, Any], pair: Pair,
+                             head_vars: Mapping[str, Any]) -> str | None:
+    """A problem when the pair's API firewall would refuse the router; None when it admits it, or when the router's
+    address is a name (not checkable here)."""
+    try:
+        address = ipaddress.ip_address(str(router_vars.get("ansible_host") or router))
+    except ValueError:
+        return None
+    if address.is_loopback:
+        return None
+    allowed = head_vars.get(API_ALLOWED_VAR) or []
+    if isinstance(allowed, str):
+        allowed = [allowed]
+    for network in allowed:
+        try:
+            if address in ipaddress.ip_network(str(network), strict=False):
+                return None
+        except ValueError:
+            continue  # the vllm_service role's own checks name a malformed network
+    return (f"{router}: its address {address} is not in {API_ALLOWED_VAR} of pair {pair.name} (head {pair.head}), "
+            f"so that pair's firewall would refuse the router; add {address}/32 or its network there")
