@@ -91,12 +91,15 @@ def test_the_roles_policy_choices_match_routerconf():
 def render(name, **values):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), undefined=jinja2.StrictUndefined)
     env.filters["comment"] = lambda text: "# " + text
+    env.filters["bool"] = lambda value: str(value).lower() in ("1", "true", "yes", "on")
     env.filters.update(FILTERS.FilterModule().filters())
     defaults = {"ansible_managed": "managed", "router_user": "twinspark-router", "router_group": "twinspark-router",
                 "router_venv": "/opt/twinspark-router/venv", "router_launcher": "/opt/twinspark-router/routerlaunch.py",
                 "router_keycheck_port": 30099, "router_key_file": "/etc/twinspark-router/router.key",
                 "router_listen_host": "0.0.0.0", "router_port": 30000, "router_metrics_port": 29000,
-                "router_policy": "power_of_two", "router_version": "0.1.17",
+                "router_policy": "power_of_two", "router_version": "0.1.17", "router_firewall_enabled": True,
+                "router_firewall_file": "/etc/twinspark-router/firewall.nft", "router_firewall_ssh_ports": [22],
+                "router_clients_v4": ["127.0.0.0/8", "192.0.2.0/24"], "router_clients_v6": ["::1/128"],
                 "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"]}
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
@@ -137,7 +140,25 @@ def test_the_router_playbook_passes_syntax_check(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service"])
+def test_the_router_unit_is_bound_to_its_firewall_only_when_it_is_on():
+    assert "BindsTo=twinspark-router-firewall.service" in render("twinspark-router.service")
+    assert "twinspark-router-firewall" not in render("twinspark-router.service", router_firewall_enabled=False)
+
+
+def test_the_firewall_table_admits_only_the_listed_networks_to_the_router_port():
+    table = render("twinspark-router.nft")
+    assert "elements = { 127.0.0.0/8, 192.0.2.0/24 }" in table
+    assert "tcp dport 30000 ip saddr @clients_v4 accept" in table
+    assert 'tcp dport 30000 counter drop comment "router: only router_allowed_networks"' in table
+    assert "tcp dport { 29000, 30099 } counter drop" in table
+    # its own table only: never the pair's `inet twinspark`, never a flush of the ruleset
+    assert "table inet twinspark\n" not in table and "flush ruleset" not in table
+    rules = table.index("tcp dport 30000 ip saddr")
+    assert table.index('tcp dport { 22 } accept comment "SSH is never filtered here"') < rules
+
+
+@pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service",
+                                  "twinspark-router-firewall.service"])
 def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
     """systemd-analyze's offline exposure score, held to the ceiling the pair's helper units have (2.5)."""
     import re
