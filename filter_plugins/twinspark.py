@@ -14,7 +14,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import envfile, nodeenv, settings, tls, wheelhouse
+from twinspark import envfile, fleet, nodeenv, settings, tls, wheelhouse
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -59,10 +59,26 @@ def _pair(groups, all_hostvars):
     return head, worker, nodeenv.pair_envs({head: all_hostvars[head], worker: all_hostvars[worker]}, head, worker)
 
 
+def _plain_hostvars(all_hostvars, groups):
+    return {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
+
+
+def _own_pair_groups(host_name, groups, all_hostvars):
+    """In a fleet inventory, the two-host groups view of host_name's pair (docs/FLEET.md); else groups unchanged."""
+    plain = _plain_hostvars(all_hostvars, groups)
+    if not fleet.is_fleet(plain, groups):
+        return groups
+    for pair in fleet.pairs(plain, groups)[0]:
+        if host_name in (pair.head, pair.worker):
+            return fleet.pair_groups(pair)
+    return groups
+
+
 def twinspark_node_env(host_vars, *args):
     """This node's env as {ENV_NAME: value} (serve and secrets together; use no_log where secrets may show)."""
     host_name, groups, all_hostvars = _split_args(args)
     host_name = host_name or str(host_vars["inventory_hostname"])
+    groups = _own_pair_groups(host_name, groups, all_hostvars)
     try:
         _, _, envs = _pair(groups, all_hostvars)
     except nodeenv.NodeEnvError as error:
@@ -75,8 +91,20 @@ def twinspark_node_env(host_vars, *args):
 
 
 def twinspark_pair_problems(all_hostvars, groups):
-    """Every problem of the pair's inventory, one line each; empty when both nodes' envs are valid (and, under the
-    fork flavour, their vllm_runtime_fork_wheels are usable)."""
+    """Every problem of the inventory, one line each: the fleet's rules (python_tools/twinspark/fleet.py: pairs,
+    router, port clashes), then each pair's own, prefixed by the pair's name when the inventory names its pairs."""
+    plain = _plain_hostvars(all_hostvars, groups)
+    lines = fleet.problems(plain, groups)
+    if not fleet.is_fleet(plain, groups):
+        return _one_pair_problems(all_hostvars, groups) + lines
+    for pair in fleet.pairs(plain, groups)[0]:
+        lines += [f"pair {pair.name}: {line}" for line in _one_pair_problems(all_hostvars, fleet.pair_groups(pair))]
+    return lines
+
+
+def _one_pair_problems(all_hostvars, groups):
+    """Every problem of one pair, one line each; empty when both nodes' envs are valid (and, under the fork
+    flavour, their vllm_runtime_fork_wheels are usable)."""
     try:
         head, worker, envs = _pair(groups, all_hostvars)
     except nodeenv.NodeEnvError as error:
@@ -90,6 +118,17 @@ def twinspark_pair_problems(all_hostvars, groups):
     # The API's TLS files (twinspark_vllm_tls_*) are read on the controller: missing, oversized or mismatched
     # files stop the run here, before any host is touched.
     return lines + [f"{head}: {line}" for line in tls.controller_problems(all_hostvars[head])]
+
+
+def twinspark_fleet_summary(all_hostvars, groups):
+    """One line per pair (name: head + worker) and per router, for playbooks/validate.yml's closing message."""
+    plain = _plain_hostvars(all_hostvars, groups)
+    found, _ = fleet.pairs(plain, groups)
+    lines = [f"pair {p.name}: head {p.head} (rank 0), worker {p.worker} (rank 1)" for p in found]
+    for router in groups.get(fleet.ROUTER_GROUP) or []:
+        fronted, _ = fleet.router_pairs(plain.get(router, {}), found)
+        lines.append(f"router {router}: fronts {', '.join(p.name for p in fronted)}")
+    return lines
 
 
 def twinspark_tls_files(host_vars, node_env):
@@ -113,4 +152,5 @@ class FilterModule:
             "twinspark_pair_problems": twinspark_pair_problems,
             "twinspark_env_file": twinspark_env_file,
             "twinspark_tls_files": twinspark_tls_files,
+            "twinspark_fleet_summary": twinspark_fleet_summary,
         }

@@ -1,0 +1,38 @@
+"""Ansible filters for roles/router over twinspark.routerconf (the rules live in the Python package)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
+if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
+    sys.path.insert(0, str(_TOOLS))
+
+from ansible.errors import AnsibleFilterError
+from twinspark import routerconf
+
+
+def twinspark_router_worker_urls(all_hostvars, groups, router):
+    """Every fronted pair's head API URL, for the router on host `router`."""
+    plain = {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
+    try:
+        return routerconf.worker_urls(plain, groups, str(router))
+    except ValueError as error:
+        raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
+
+
+def twinspark_router_exec_start(urls, python, launcher, keycheck_url, listen_host, port, metrics_port, policy):
+    try:
+        return routerconf.exec_start(str(python), str(launcher), str(keycheck_url), str(listen_host), int(port),
+                                     int(metrics_port), [str(u) for u in urls], str(policy))
+    except ValueError as error:
+        raise AnsibleFilterError(str(error)) from None
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "twinspark_router_worker_urls": twinspark_router_worker_urls,
+            "twinspark_router_exec_start": twinspark_router_exec_start,
+        }

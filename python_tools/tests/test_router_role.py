@@ -1,0 +1,179 @@
+"""roles/router without a host: its command line (twinspark.routerconf), its units rendered, its playbook's syntax."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+
+import jinja2
+import pytest
+
+from twinspark import fleet, generate, routerconf, routerlaunch
+
+ROOT = generate.repo_root()
+ROLE = ROOT / "roles" / "router"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "filter_plugins" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FILTERS = load("twinspark_router")
+
+
+def fleet_vars():
+    host_vars = {
+        "a1": {"twinspark_pair_name": "pair_a", "ansible_host": "192.0.2.11"},
+        "a2": {"twinspark_pair_name": "pair_a", "ansible_host": "192.0.2.12"},
+        "b1": {"twinspark_pair_name": "pair_b", "ansible_host": "192.0.2.21", "twinspark_vllm_port": 9000},
+        "b2": {"twinspark_pair_name": "pair_b", "ansible_host": "192.0.2.22"},
+        "r1": {"ansible_host": "192.0.2.30"},
+    }
+    groups = {"all": list(host_vars), "pair_a": ["a1", "a2"], "pair_b": ["b1", "b2"], "twinspark_head": ["a1", "b1"],
+              "twinspark_worker": ["a2", "b2"], "twinspark_router": ["r1"]}
+    return host_vars, groups
+
+
+def test_worker_urls_name_every_pairs_head_api():
+    host_vars, groups = fleet_vars()
+    assert routerconf.worker_urls(host_vars, groups, "r1") == ["http://192.0.2.11:8888", "http://192.0.2.21:9000"]
+
+
+def test_worker_urls_follow_twinspark_router_pairs():
+    host_vars, groups = fleet_vars()
+    host_vars["r1"]["twinspark_router_pairs"] = ["pair_b"]
+    assert routerconf.worker_urls(host_vars, groups, "r1") == ["http://192.0.2.21:9000"]
+
+
+def test_worker_urls_refuse_a_broken_fleet():
+    host_vars, groups = fleet_vars()
+    groups["twinspark_worker"] = ["a2"]
+    with pytest.raises(ValueError, match="pair pair_b: has 0 workers"):
+        routerconf.worker_urls(host_vars, groups, "r1")
+
+
+def test_the_one_pair_inventory_gets_one_worker_url():
+    host_vars = {"h": {"ansible_host": "192.0.2.1"}, "w": {"ansible_host": "192.0.2.2"}, "r": {}}
+    groups = {"all": ["h", "w", "r"], "twinspark_head": ["h"], "twinspark_worker": ["w"], "twinspark_router": ["r"]}
+    assert routerconf.worker_urls(host_vars, groups, "r") == ["http://192.0.2.1:8888"]
+
+
+def test_flags_are_accepted_by_the_routers_own_parser():
+    pytest.importorskip("vllm_router", reason="vllm-router 0.1.17 is not installed here (make setup installs it)")
+    kwargs = routerlaunch.router_kwargs(["--worker-urls", "http://192.0.2.1:8888", *routerconf.flags()],
+                                        ["http://127.0.0.1:30099/"])
+    assert kwargs["health_check_interval_secs"] == 1
+    assert kwargs["health_failure_threshold"] == 2
+    assert kwargs["api_key_validation_urls"] == ["http://127.0.0.1:30099/"]
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="router_policy"):
+        routerconf.flags("fastest")
+
+
+def test_the_roles_policy_choices_match_routerconf():
+    import yaml
+
+    spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert options["router_policy"]["choices"] == list(routerconf.POLICIES)
+    assert options["router_policy"]["default"] == routerconf.DEFAULT_POLICY
+    assert options["router_port"]["default"] == fleet.DEFAULT_ROUTER_PORT
+    assert options["router_metrics_port"]["default"] == fleet.DEFAULT_ROUTER_METRICS_PORT
+
+
+def render(name, **values):
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), undefined=jinja2.StrictUndefined)
+    env.filters["comment"] = lambda text: "# " + text
+    env.filters["bool"] = lambda value: str(value).lower() in ("1", "true", "yes", "on")
+    env.filters.update(FILTERS.FilterModule().filters())
+    defaults = {"ansible_managed": "managed", "router_user": "twinspark-router", "router_group": "twinspark-router",
+                "router_venv": "/opt/twinspark-router/venv", "router_launcher": "/opt/twinspark-router/routerlaunch.py",
+                "router_keycheck_port": 30099, "router_key_file": "/etc/twinspark-router/router.key",
+                "router_listen_host": "0.0.0.0", "router_port": 30000, "router_metrics_port": 29000,
+                "router_policy": "power_of_two", "router_version": "0.1.17", "router_firewall_enabled": True,
+                "router_firewall_file": "/etc/twinspark-router/firewall.nft", "router_firewall_ssh_ports": [22],
+                "router_clients_v4": ["127.0.0.0/8", "192.0.2.0/24"], "router_clients_v6": ["::1/128"],
+                "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"]}
+    return env.get_template(name + ".j2").render(**{**defaults, **values})
+
+
+def exec_start(unit: str) -> list[str]:
+    line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    return shlex.split(line[len("ExecStart="):])
+
+
+def test_the_router_unit_needs_the_key_check_and_lists_every_pair():
+    unit = render("twinspark-router.service")
+    argv = exec_start(unit)
+    assert argv[:4] == ["/opt/twinspark-router/venv/bin/python", "-I", "/opt/twinspark-router/routerlaunch.py", "serve"]
+    assert argv[argv.index("--key-check-url") + 1] == "http://127.0.0.1:30099/"
+    urls = argv.index("--worker-urls")
+    assert argv[urls + 1:urls + 3] == ["http://192.0.2.11:8888", "http://192.0.2.21:8888"]
+    assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert "BindsTo=twinspark-router-keycheck.service" in unit
+    assert "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit and "CapabilityBoundingSet=\n" in unit
+
+
+def test_the_key_check_unit_is_loopback_only_and_never_holds_the_key():
+    unit = render("twinspark-router-keycheck.service")
+    argv = exec_start(unit)
+    assert argv[argv.index("--listen") + 1] == "127.0.0.1:30099"
+    assert argv[argv.index("--key-file") + 1] == "/etc/twinspark-router/router.key"
+    assert "IPAddressAllow=localhost" in unit and "IPAddressDeny=any" in unit
+
+
+def test_the_router_playbook_passes_syntax_check(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  children:\n    twinspark_router:\n      hosts:\n        r1:\n"
+                         "          ansible_host: 127.0.0.1\n")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory),
+                             "playbooks/router.yml", "--syntax-check"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_router_unit_is_bound_to_its_firewall_only_when_it_is_on():
+    assert "BindsTo=twinspark-router-firewall.service" in render("twinspark-router.service")
+    assert "twinspark-router-firewall" not in render("twinspark-router.service", router_firewall_enabled=False)
+
+
+def test_the_firewall_table_admits_only_the_listed_networks_to_the_router_port():
+    table = render("twinspark-router.nft")
+    assert "elements = { 127.0.0.0/8, 192.0.2.0/24 }" in table
+    assert "tcp dport 30000 ip saddr @clients_v4 accept" in table
+    assert 'tcp dport 30000 counter drop comment "router: only router_allowed_networks"' in table
+    assert "tcp dport { 29000, 30099 } counter drop" in table
+    # its own table only: never the pair's `inet twinspark`, never a flush of the ruleset
+    assert "table inet twinspark\n" not in table and "flush ruleset" not in table
+    rules = table.index("tcp dport 30000 ip saddr")
+    assert table.index('tcp dport { 22 } accept comment "SSH is never filtered here"') < rules
+
+
+@pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service",
+                                  "twinspark-router-firewall.service"])
+def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
+    """systemd-analyze's offline exposure score, held to the ceiling the pair's helper units have (2.5)."""
+    import re
+    import shutil
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    version = subprocess.run([analyze, "--version"], capture_output=True, text=True, timeout=60).stdout
+    if int(re.search(r"systemd (\d+)", version).group(1)) < 252:
+        pytest.skip("systemd-analyze security --offline needs systemd 252 or later")
+    unit = tmp_path / name
+    unit.write_text(render(name))
+    result = subprocess.run([analyze, "security", "--offline=true", str(unit)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    score = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout + result.stderr)
+    assert score is not None, result.stdout + result.stderr
+    assert float(score.group(1)) <= 2.5

@@ -1,0 +1,217 @@
+"""Which pairs an inventory holds, and what is wrong with them as a fleet: pure rules over groups and host vars.
+
+The layout (docs/FLEET.md, "Inventory"):
+  * One pair, as before: hosts in `twinspark_head` and `twinspark_worker`, no `twinspark_pair_name` anywhere. The
+    pair is called `twinspark_pair` (the group the one-pair inventories already have) and nothing else changes.
+  * Several pairs: each pair is an inventory group of its own (its name is the pair's name, so `--limit pair_a`
+    means that pair) holding its two hosts and the group variable `twinspark_pair_name: <the group's name>`; each
+    host is also in `twinspark_head` or `twinspark_worker` as before.
+  * A router: hosts in `twinspark_router`. It fronts every pair, or the pairs named in `twinspark_router_pairs`.
+
+`problems(host_vars, groups)` returns one line per problem, each naming the host, group or variable and the fix.
+Only the fleet's own rules live here; each pair's settings are still checked by nodeenv.pair_envs, pair by pair
+(`pair_groups` gives the two-host view it expects).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HEAD_GROUP = "twinspark_head"
+WORKER_GROUP = "twinspark_worker"
+ROUTER_GROUP = "twinspark_router"
+SINGLE_PAIR = "twinspark_pair"
+PAIR_VAR = "twinspark_pair_name"
+ROUTER_PAIRS_VAR = "twinspark_router_pairs"
+API_PORT_VAR = "twinspark_vllm_port"
+ROUTER_PORT_VAR = "twinspark_router_port"
+ROUTER_METRICS_PORT_VAR = "twinspark_router_metrics_port"
+FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
+API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
+DEFAULT_API_PORT = 8888  # settings.yml VLLM_PORT's default; a test keeps the two equal
+DEFAULT_ROUTER_PORT = 30000
+DEFAULT_ROUTER_METRICS_PORT = 29000
+RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    head: str
+    worker: str
+
+
+def _members(groups: Mapping[str, Sequence[str]], name: str) -> list[str]:
+    return list(groups.get(name) or [])
+
+
+def is_fleet(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> bool:
+    """Whether the inventory names its pairs (some head or worker has twinspark_pair_name)."""
+    nodes = _members(groups, HEAD_GROUP) + _members(groups, WORKER_GROUP)
+    return any(host_vars.get(host, {}).get(PAIR_VAR) not in (None, "") for host in nodes)
+
+
+def pair_groups(pair: Pair) -> dict[str, list[str]]:
+    """The groups view of one pair alone, as the one-pair rules read it."""
+    return {HEAD_GROUP: [pair.head], WORKER_GROUP: [pair.worker], "all": [pair.head, pair.worker]}
+
+
+def _address(host: str, host_vars: Mapping[str, Any]) -> str:
+    return str(host_vars.get("ansible_host") or host)
+
+
+def _port(host_vars: Mapping[str, Any], var: str, default: int) -> int | None:
+    value = host_vars.get(var, default)
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> tuple[list[Pair],
+                                                                                                   list[str]]:
+    """The well-formed pairs and the problems of the rest (pair membership rules only)."""
+    heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
+    if not is_fleet(host_vars, groups):
+        if len(heads) == 1 and len(workers) == 1 and heads != workers:
+            return [Pair(SINGLE_PAIR, heads[0], workers[0])], []
+        return [], []  # the one-pair rules (group_problems) say what is wrong, as they always have
+    problems: list[str] = []
+    names: dict[str, list[str]] = {}
+    for host in dict.fromkeys(heads + workers):
+        name = host_vars.get(host, {}).get(PAIR_VAR)
+        if name in (None, ""):
+            problems.append(f"{host}: is a head or worker but has no {PAIR_VAR}; once one pair is named every pair "
+                            f"must be: put {host} in its pair's group and set {PAIR_VAR} there")
+            continue
+        names.setdefault(str(name), []).append(host)
+    for name in sorted(names):
+        if not _NAME.match(name) or name in RESERVED:
+            problems.append(f"{PAIR_VAR}: {name!r} cannot name a pair; use a plain group name (letters, digits, _) "
+                            f"other than {', '.join(sorted(RESERVED))}")
+        elif name not in groups:
+            problems.append(f"pair {name}: no inventory group is called {name}; make the pair a group of that name "
+                            "holding its head and worker (so --limit {name} means the pair)".replace("{name}", name))
+        elif sorted(_members(groups, name)) != sorted(names[name]):
+            strays = sorted(set(_members(groups, name)) ^ set(names[name]))
+            problems.append(f"pair {name}: group {name} and the hosts whose {PAIR_VAR} is {name} differ "
+                            f"({', '.join(strays)}); set {PAIR_VAR} as a group variable of group {name} only")
+    # a node in two pairs: member of two pair groups (group variables let only one of the names win)
+    for host in dict.fromkeys(heads + workers):
+        inside = sorted(name for name in names if host in _members(groups, name))
+        if len(inside) > 1:
+            problems.append(f"{host}: is in two pairs ({', '.join(inside)}); a node belongs to exactly one pair, "
+                            "remove it from all but one of those groups")
+    found: list[Pair] = []
+    for name in sorted(names):
+        members = names[name]
+        pair_heads = [h for h in members if h in heads]
+        pair_workers = [h for h in members if h in workers]
+        broken = False
+        for role, group, chosen in (("head", HEAD_GROUP, pair_heads), ("worker", WORKER_GROUP, pair_workers)):
+            if len(chosen) != 1:
+                broken = True
+                problems.append(f"pair {name}: has {len(chosen)} {role}s ({', '.join(chosen) or 'none'}); it needs "
+                                f"exactly one host that is both in group {name} and in {group}")
+        both = sorted(set(pair_heads) & set(pair_workers))
+        if both:
+            broken = True
+            problems.append(f"pair {name}: {', '.join(both)} is in both {HEAD_GROUP} and {WORKER_GROUP}; the head "
+                            "and the worker must be two different hosts")
+        if not broken:
+            found.append(Pair(name, pair_heads[0], pair_workers[0]))
+    return found, problems
+
+
+def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple[list[Pair], list[str]]:
+    """The pairs one router fronts, and the problems of its twinspark_router_pairs."""
+    chosen = router_vars.get(ROUTER_PAIRS_VAR)
+    if chosen is None:
+        return list(known), []
+    if isinstance(chosen, str) or not isinstance(chosen, Sequence):
+        return [], [f"{ROUTER_PAIRS_VAR}: must be a list of pair names, got {type(chosen).__name__}"]
+    by_name = {pair.name: pair for pair in known}
+    unknown = [str(name) for name in chosen if str(name) not in by_name]
+    problems = [f"{ROUTER_PAIRS_VAR}: {', '.join(unknown)} is not a pair of this inventory (pairs: "
+                f"{', '.join(by_name) or 'none'})"] if unknown else []
+    return [by_name[str(name)] for name in chosen if str(name) in by_name], problems
+
+
+def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """Every fleet-level problem, one line each: pair membership, the router, port and fabric-address clashes."""
+    found, lines = pairs(host_vars, groups)
+    routers = _members(groups, ROUTER_GROUP)
+    for router in routers:
+        fronted, router_lines = router_pairs(host_vars.get(router, {}), found)
+        lines += [f"{router}: {line}" for line in router_lines]
+        if not fronted and not router_lines:
+            lines.append(f"{router}: is in {ROUTER_GROUP} but fronts no pair; add pairs to the inventory "
+                         f"(a head and a worker each) or take {router} out of {ROUTER_GROUP}")
+        elif not fronted:
+            lines.append(f"{router}: fronts no pair; list at least one pair in {ROUTER_PAIRS_VAR} or leave it unset")
+    # each fronted pair's firewall must let its router in (roles/vllm_service: only listed networks reach the API)
+    for router in routers:
+        fronted, _ = router_pairs(host_vars.get(router, {}), found)
+        lines += [line for pair in fronted
+                  if (line := router_admission_problem(router, host_vars.get(router, {}), pair,
+                                                       host_vars.get(pair.head, {})))]
+    # port clashes: every listening endpoint the fleet defines, per address
+    endpoints: dict[tuple[str, int], list[str]] = {}
+
+    def listen(host: str, var: str, default: int, what: str) -> None:
+        port = _port(host_vars.get(host, {}), var, default)
+        if port is None:
+            lines.append(f"{host}: {var} must be a port number, got {host_vars.get(host, {}).get(var)!r}")
+            return
+        endpoints.setdefault((_address(host, host_vars.get(host, {})), port), []).append(f"{host} {what} ({var})")
+
+    for pair in found:
+        listen(pair.head, API_PORT_VAR, DEFAULT_API_PORT, f"pair {pair.name} API")
+    for router in routers:
+        listen(router, ROUTER_PORT_VAR, DEFAULT_ROUTER_PORT, "router API")
+        listen(router, ROUTER_METRICS_PORT_VAR, DEFAULT_ROUTER_METRICS_PORT, "router metrics")
+    for (address, port), users in sorted(endpoints.items()):
+        if len(users) > 1:
+            lines.append(f"port clash on {address}:{port}: {'; '.join(users)} would all listen there; give each "
+                         "its own port (or address)")
+    # each pair its own fabric: no fabric address shared across pairs (within a pair, nodeenv's rules say it)
+    fabric: dict[str, list[tuple[str, str]]] = {}
+    for pair in found:
+        for host in (pair.head, pair.worker):
+            address = host_vars.get(host, {}).get(FABRIC_ADDRESS_VAR)
+            if address not in (None, ""):
+                fabric.setdefault(str(address), []).append((host, pair.name))
+    for address, owners in sorted(fabric.items()):
+        if len({name for _, name in owners}) > 1:
+            users = [f"{host} (pair {name})" for host, name in owners]
+            lines.append(f"{FABRIC_ADDRESS_VAR}: {address} is set on {', '.join(users)}; every node needs its own "
+                         "fabric address")
+    return lines
+
+
+def router_admission_problem(router: str, router_vars: Mapping[str, Any], pair: Pair,
+                             head_vars: Mapping[str, Any]) -> str | None:
+    """A problem when the pair's API firewall would refuse the router; None when it admits it, or when the router's
+    address is a name (not checkable here)."""
+    try:
+        address = ipaddress.ip_address(str(router_vars.get("ansible_host") or router))
+    except ValueError:
+        return None
+    if address.is_loopback:
+        return None
+    allowed = head_vars.get(API_ALLOWED_VAR) or []
+    if isinstance(allowed, str):
+        allowed = [allowed]
+    for network in allowed:
+        try:
+            if address in ipaddress.ip_network(str(network), strict=False):
+                return None
+        except ValueError:
+            continue  # the vllm_service role's own checks name a malformed network
+    return (f"{router}: its address {address} is not in {API_ALLOWED_VAR} of pair {pair.name} (head {pair.head}), "
+            f"so that pair's firewall would refuse the router; add {address}/32 or its network there")

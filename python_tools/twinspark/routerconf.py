@@ -1,0 +1,73 @@
+"""The router's command line from the inventory: pure functions, used by roles/router's filter and the drills.
+
+`worker_urls` lists the head API of every pair a router fronts; `flags` is the tuned health/retry/breaker set
+(docs/FLEET.md says why each number); `exec_start` is the unit's whole ExecStart= line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twinspark import fleet
+
+POLICIES = ("power_of_two", "cache_aware", "round_robin", "random", "consistent_hash", "sticky_least_loaded")
+DEFAULT_POLICY = "power_of_two"
+
+# A dead pair is out after at most interval x failure-threshold + timeout (about 3 s); a pair answering 5xx is
+# skipped after 3 of them, tried again after 2 s. Attempts (5, the first included) must exceed the breaker's 3:
+# power_of_two prefers the pair with the fewest requests in flight, which a dead pair is, so until its breaker
+# opens every retry goes back to it (measured: with 3 attempts the request in flight at a kill failed; with 5 none).
+TUNED = {
+    "--health-check-interval-secs": "1",
+    "--health-check-timeout-secs": "1",
+    "--health-failure-threshold": "2",
+    "--health-success-threshold": "1",
+    "--retry-max-retries": "5",
+    "--retry-initial-backoff-ms": "50",
+    "--retry-max-backoff-ms": "500",
+    "--cb-failure-threshold": "3",
+    "--cb-success-threshold": "1",
+    "--cb-timeout-duration-secs": "2",
+    "--worker-startup-check-interval": "1",
+    "--worker-startup-timeout-secs": "120",
+}
+
+
+def flags(policy: str = DEFAULT_POLICY) -> list[str]:
+    """--policy and the tuned flags, in a stable order."""
+    if policy not in POLICIES:
+        raise ValueError(f"router_policy: {policy!r} is not one of {', '.join(POLICIES)}")
+    out = ["--policy", policy]
+    for name, value in TUNED.items():
+        out += [name, value]
+    return out
+
+
+def worker_urls(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
+                router: str) -> list[str]:
+    """http://<head address>:<API port> for every pair `router` fronts, in pair-name order."""
+    found, problems = fleet.pairs(host_vars, groups)
+    fronted, more = fleet.router_pairs(host_vars.get(router, {}), found)
+    if problems or more or not fronted:
+        raise ValueError("; ".join(problems + more) or f"{router}: fronts no pair")
+    urls = []
+    for pair in fronted:
+        head = host_vars.get(pair.head, {})
+        address = str(head.get("ansible_host") or pair.head)
+        port = int(str(head.get(fleet.API_PORT_VAR, fleet.DEFAULT_API_PORT)))
+        scheme = "https" if head.get("twinspark_vllm_tls_cert") else "http"
+        host = f"[{address}]" if ":" in address else address
+        urls.append(f"{scheme}://{host}:{port}")
+    return urls
+
+
+def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, port: int, metrics_port: int,
+               urls: Sequence[str], policy: str = DEFAULT_POLICY) -> str:
+    """The router unit's ExecStart=: routerlaunch.py serve, the key check URL, then the router's own flags."""
+    argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, "--",
+            "--host", listen_host, "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--worker-urls", *urls, *flags(policy)]
+    return shlex.join(argv)

@@ -1,0 +1,109 @@
+"""A bounded client loop through the fleet's router, and the router's own view of its pairs.
+
+Pure parts (`summarise`, `worker_health`, `first_time`) turn what was seen into figures; the I/O parts
+(`chat_once`, `client_loop`, `admin`) speak HTTP to one URL and nothing else. Used by the loopback tests
+(python_tools/tests/test_router_loopback.py) and scripts/bench/router-failover; aimed at a real router it is the
+fleet's client-loop check (docs/FLEET.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+_HEALTH = re.compile(r'^vllm_router_worker_health\{worker="([^"]+)"\}\s+([0-9.eE+-]+)\s*$', re.M)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    index: int
+    started: float
+    ended: float
+    status: int | None  # None: no HTTP answer at all (refused, reset, timed out)
+    answer: str  # the reply's text, or the error
+
+
+def summarise(outcomes: Iterable[Outcome]) -> dict:
+    """total, ok, failed, the failed indices and the HTTP statuses seen, for a loop's outcomes."""
+    rows = sorted(outcomes, key=lambda o: o.index)
+    failed = [o for o in rows if o.status != 200]
+    statuses: dict[str, int] = {}
+    for o in rows:
+        statuses[str(o.status)] = statuses.get(str(o.status), 0) + 1
+    return {"total": len(rows), "ok": len(rows) - len(failed), "failed": len(failed),
+            "failed_indices": [o.index for o in failed], "statuses": statuses}
+
+
+def worker_health(metrics_text: str) -> dict[str, bool]:
+    """The router's health verdict per worker URL, from its Prometheus text (vllm_router_worker_health)."""
+    return {url: float(value) >= 1 for url, value in _HEALTH.findall(metrics_text)}
+
+
+def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) -> float | None:
+    """The first sample time at or after `after` whose verdict is `want`; None when none is."""
+    for at, verdict in samples:
+        if at >= after and verdict is want:
+            return at
+    return None
+
+
+def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float) -> tuple[int | None, str]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return reply.status, reply.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode("utf-8", "replace")[:200]
+    except (OSError, urllib.error.URLError) as error:
+        return None, type(error).__name__
+
+
+def chat_once(base: str, key: str | None, model: str = "tiny", timeout_s: float = 30.0) -> tuple[int | None, str]:
+    """One short chat through `base`; (status, the answer's text or the error body)."""
+    body = json.dumps({"model": model, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "Say hi."}]}).encode()
+    status, text = _request(f"{base}/v1/chat/completions", key, body, "POST", timeout_s)
+    if status == 200:
+        try:
+            text = json.loads(text)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None, "200 without a chat answer"
+    return status, text
+
+
+def request(base: str, path: str, key: str | None, method: str = "GET", timeout_s: float = 10.0,
+            body: dict | None = None) -> tuple[int | None, str]:
+    """Any path on the router (admin paths included), with or without the key; POST sends `body` ({} if none)."""
+    raw = json.dumps(body or {}).encode() if method == "POST" else None
+    return _request(f"{base}{path}", key, raw, method, timeout_s)
+
+
+def client_loop(base: str, key: str, total: int, concurrency: int,
+                on_done: Callable[[Outcome], None] | None = None, model: str = "tiny",
+                timeout_s: float = 30.0) -> list[Outcome]:
+    """`total` short chats at `concurrency` in flight; every outcome, in index order."""
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def one(index: int) -> None:
+        started = time.monotonic()
+        status, answer = chat_once(base, key, model, timeout_s)
+        outcome = Outcome(index, started, time.monotonic(), status, answer)
+        with lock:
+            outcomes.append(outcome)
+        if on_done is not None:
+            on_done(outcome)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(one, range(total)))
+    return sorted(outcomes, key=lambda o: o.index)
