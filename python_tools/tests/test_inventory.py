@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-
 from test_health_remote import INVENTORY, write
+
 from twinspark import inventory, nodeenv
 
 

@@ -209,8 +209,12 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
         try:
             from twinspark.fabric import gid
 
-            index, _notes = gid.resolve_gid_index(env["NCCL_IB_HCA"], env.get("VLLM_HOST_IP", ""), sysfs_root)
-            facts["gid"] = {"index": index}
+            # The launcher's order (GID_MATCH_IP, the socket interface's address, VLLM_HOST_IP, ...), with the
+            # addresses `ip` just reported, so health resolves the index the launcher will.
+            seen = {str(i["ifname"]): list(i["addresses"]) for i in interfaces}
+            address = gid.match_ip(env, lambda name: seen.get(name, []))
+            index, _notes = gid.resolve_gid_index(env["NCCL_IB_HCA"], address, sysfs_root)
+            facts["gid"] = {"index": index, "match_ip": address}
         except Exception as error:  # noqa: BLE001 - any resolution failure is the finding itself
             facts["gid"] = {"error": str(error)}
     return facts
