@@ -36,7 +36,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import atomic, pairlife
+from twinspark import atomic, pairlife, systemd
 
 UNIT = "twinspark-vllm.service"
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
@@ -479,16 +479,6 @@ def log(priority: int, message: str) -> None:
     print(f"{prefix}{message}", file=sys.stderr, flush=True)
 
 
-def parse_show(text: str) -> dict[str, str]:
-    """`systemctl show -p A -p B` output (A=value lines) as a mapping."""
-    props = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key.strip()] = value.strip()
-    return props
-
-
 def active_for_s(props: Mapping[str, str], now_monotonic: float) -> float | None:
     """Seconds since the unit entered `active`, from ActiveEnterTimestampMonotonic (microseconds, 0 = never)."""
     try:
@@ -514,9 +504,9 @@ class Pair:
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:
-        out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic",
-                              self.unit], capture_output=True, text=True, timeout=30, check=False)
-        return parse_show(out.stdout)
+        out = subprocess.run(systemd.show_argv(self.unit, ("ActiveState", "ActiveEnterTimestampMonotonic")),
+                             capture_output=True, text=True, timeout=30, check=False)
+        return systemd.parse_show(out.stdout)
 
     def head(self, verb: str) -> None:
         subprocess.run(["systemctl", verb, self.unit], check=True, timeout=120, capture_output=True, text=True)

@@ -17,6 +17,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from twinspark import systemd
+
 SERVE_ENV = Path("/etc/twinspark/serve.env")
 SECRETS_ENV = Path("/etc/twinspark/secrets.env")
 STATE_DIR = Path("/var/lib/twinspark")
@@ -118,18 +120,9 @@ def read_env(paths: Sequence[Path] = (SERVE_ENV, SECRETS_ENV)) -> tuple[dict[str
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def parse_systemctl_show(text: str) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            values[key.strip()] = value.strip()
-    return values
-
-
 def read_unit(unit: str = UNIT, run: Run = run_command) -> dict[str, str]:
-    completed = run(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPERTIES)])
-    values = parse_systemctl_show(completed.stdout)
+    completed = run(systemd.show_argv(unit, UNIT_PROPERTIES))
+    values = systemd.parse_show(completed.stdout)
     if completed.returncode != 0 and not values:
         values = {"LoadState": "error", "Result": (completed.stderr or "").strip()[:200]}
     return values
