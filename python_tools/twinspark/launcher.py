@@ -81,9 +81,10 @@ def speculative_config(num_tokens: int, sample_method: str) -> str:
 
 
 def api_keys(values: Mapping[str, str]) -> list[str]:
-    """All configured API keys in order (validation guarantees at most one of the two variables is set)."""
-    text = values.get("DSPARK_API_KEYS") or values.get("VLLM_API_KEY") or ""
-    return text.split()
+    """All configured API keys in order, by the one rule probes use too (twinspark.api.keys)."""
+    from twinspark import api
+
+    return api.keys(values)
 
 
 def pinned_python(executable: str, prefix: str, base_prefix: str, realpath=os.path.realpath) -> str:
