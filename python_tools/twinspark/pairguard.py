@@ -292,6 +292,15 @@ def _pair_from_args(args: argparse.Namespace) -> Pair:
                 known_hosts=args.known_hosts)
 
 
+def _pair_or_none(args: argparse.Namespace, what: str) -> Pair | None:
+    """The pair from the command line, or None after one error line naming what is wrong (the caller exits 2)."""
+    try:
+        return _pair_from_args(args)
+    except (ValueError, OSError) as exc:
+        log(3, f"{what}: {exc}")
+        return None
+
+
 def _policy_from_args(args: argparse.Namespace) -> Policy:
     return Policy(max_attempts=args.max_attempts, backoff_initial_s=args.backoff_initial,
                   backoff_max_s=args.backoff_max, startup_grace_s=args.startup_grace,
@@ -325,10 +334,8 @@ def cmd_guard(args: argparse.Namespace) -> int:
         log(6 if kicks.woken else 7, f"pair guard {pairlife.pause_line(pause, time.time())}; not looking "
             f"(`twinspark pair resume`, playbooks/start.yml or restart.yml end the pause)")
         return 0
-    try:
-        pair = _pair_from_args(args)
-    except (ValueError, OSError) as exc:
-        log(3, f"pair guard: {exc}")
+    pair = _pair_or_none(args, "pair guard")
+    if pair is None:
         return 2
     policy = _policy_from_args(args)
     # The guard never waits for the lifecycle lock: whoever holds it is starting, stopping or restarting the pair,
@@ -410,10 +417,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     Exit 0 serving, 1 broken (a rank is down, or not ready after the grace), 3 not yet (starting, worker
     unreachable, a generation timed out), 2 invalid input.
     """
-    try:
-        pair = _pair_from_args(args)
-    except (ValueError, OSError) as exc:
-        log(3, f"pair check: {exc}")
+    pair = _pair_or_none(args, "pair check")
+    if pair is None:
         return 2
     policy = _policy_from_args(args)
     state = peek_state(Path(args.state_file))
@@ -432,10 +437,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     """An operator's (or playbook's) ordered restart: always runs, and clears a give-up when it works."""
-    try:
-        pair = _pair_from_args(args)
-    except (ValueError, OSError) as exc:
-        log(3, f"pair restart: {exc}")
+    pair = _pair_or_none(args, "pair restart")
+    if pair is None:
         return 2
     if args.no_wait:
         return _lifecycle(args, pair, "restart")
@@ -556,10 +559,8 @@ def _lifecycle(args: argparse.Namespace, pair: Pair, verb: str) -> int:
 
 def _lifecycle_from_args(args: argparse.Namespace, verb: str) -> int:
     """The pair from the command line (exit 2 naming what is wrong), then `_lifecycle` with `verb`."""
-    try:
-        pair = _pair_from_args(args)
-    except (ValueError, OSError) as exc:
-        log(3, f"pair {verb}: {exc}")
+    pair = _pair_or_none(args, f"pair {verb}")
+    if pair is None:
         return 2
     return _lifecycle(args, pair, verb)
 
