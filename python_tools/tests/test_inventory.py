@@ -41,3 +41,18 @@ def test_head_setting_falls_back_to_the_registry_default_for_the_hosts_profile()
     assert nodeenv.head_setting({}, "VLLM_PORT") == "8888"
     assert nodeenv.head_setting({"twinspark_profile": "cpu", "twinspark_max_model_len": None}, "MAX_MODEL_LEN") == "512"
     assert nodeenv.head_setting({"twinspark_max_model_len": "4096"}, "MAX_MODEL_LEN") == "4096"
+
+
+def test_the_commands_read_the_inventory_from_its_own_module_not_from_health():
+    """bench, the front door and the guard reach the inventory and SSH through twinspark.inventory; only health's
+    own command (the closing table) is asked of health/."""
+    import ast
+    from pathlib import Path
+
+    package = Path(inventory.__file__).parent
+    for name in ("bench.py", "frontdoor.py", "pairguard.py", "guard_rules.py"):
+        tree = ast.parse((package / name).read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and node.module == "twinspark.health" for alias in node.names}
+        assert not {"twinspark.health.remote", "twinspark.health.gather"} & imported, name
