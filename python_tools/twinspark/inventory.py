@@ -93,7 +93,7 @@ def read_inventory(source: str | Path) -> Pair:
             accept_unknown_host_key=_accepts_unknown_host_keys(settings),
         )
         tls = {name: value(name) for name in (api.TLS_CERT_VAR, api.TLS_CA_VAR)}
-        return found, {"vars": hostvars, "value": value, "api_ca": api.tls_ca_from_inventory(tls)}
+        return found, {"value": value, "api_ca": api.tls_ca_from_inventory(tls)}
 
     head, head_vars = node(head_name, "head")
     worker, _ = node(worker_name, "worker")
@@ -107,10 +107,11 @@ def api_port(value: Callable[[str], object], source: str | Path = "the inventory
     knob, the registry default when unset); `value` reads one templated inventory variable of the head."""
     from twinspark import settings
 
-    knob = settings.load()["VLLM_PORT"]
-    profile_var = settings.load()["TWINSPARK_PROFILE"].var
+    registry = settings.load()
+    knob = registry["VLLM_PORT"]
+    profile_var = registry["TWINSPARK_PROFILE"].var
     try:
-        port = nodeenv.head_setting({knob.var: value(knob.var), profile_var: value(profile_var)}, knob.env)
+        port = nodeenv.head_setting({knob.var: value(knob.var), profile_var: value(profile_var)}, knob.env, registry)
     except nodeenv.NodeEnvError as error:
         raise InventoryError(f"inventory {source}: " + "; ".join(error.problems)) from None
     return int(port or api.DEFAULT_PORT)
