@@ -16,8 +16,8 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
 from ansible.errors import AnsibleFilterError
 from twinspark import envfile, fleet, nodeenv, settings, tls, wheelhouse
 
-HEAD_GROUP = "twinspark_head"
-WORKER_GROUP = "twinspark_worker"
+HEAD_GROUP = nodeenv.HEAD_GROUP
+WORKER_GROUP = nodeenv.WORKER_GROUP
 
 
 def _split_args(args):
@@ -36,26 +36,8 @@ def _split_args(args):
     return host_name, groups, all_hostvars
 
 
-def group_problems(groups) -> list[str]:
-    """What is wrong with the inventory groups of the pair (exactly one head, one worker, not the same host)."""
-    problems = []
-    heads = list(groups.get(HEAD_GROUP) or [])
-    workers = list(groups.get(WORKER_GROUP) or [])
-    for group, members, role in ((HEAD_GROUP, heads, "head (rank 0)"), (WORKER_GROUP, workers, "worker (rank 1)")):
-        if len(members) != 1:
-            problems.append(f"group {group}: must hold exactly one host, the {role}; it holds {len(members)} "
-                            f"({', '.join(members) or 'none'}). Fix the inventory's hosts.yml")
-    if heads and workers and set(heads) & set(workers):
-        problems.append(f"groups {HEAD_GROUP} and {WORKER_GROUP}: {', '.join(sorted(set(heads) & set(workers)))} "
-                        "is in both; the head and the worker must be two different hosts")
-    return problems
-
-
 def _pair(groups, all_hostvars):
-    problems = group_problems(groups)
-    if problems:
-        raise nodeenv.NodeEnvError(problems)
-    head, worker = groups[HEAD_GROUP][0], groups[WORKER_GROUP][0]
+    head, worker = nodeenv.pair_hosts(groups)
     return head, worker, nodeenv.pair_envs({head: all_hostvars[head], worker: all_hostvars[worker]}, head, worker)
 
 

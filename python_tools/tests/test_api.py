@@ -238,3 +238,16 @@ def test_the_demo_chat_speaks_https_with_the_ca_it_is_given(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"DSPARK_API_KEYS": "k1  k2"}, ["k1", "k2"]),
+    ({"VLLM_API_KEY": " only "}, ["only"]),
+    ({"VLLM_API_KEY": "  ", "DSPARK_API_KEYS": "k1 k2"}, ["k1", "k2"]),  # blank means unset
+    ({}, []),
+])
+def test_the_launcher_serves_the_keys_the_probes_choose_from(env, expected):
+    from twinspark import launcher
+
+    assert launcher.api_keys(env) == api.keys(env) == expected
+    assert api.first_key(env) == (expected[0] if expected else None)

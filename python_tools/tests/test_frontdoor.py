@@ -112,3 +112,15 @@ def test_upgrade_and_rollback_run_their_playbooks():
         playbook = frontdoor.PLAYBOOKS[verb]
         assert playbook == f"playbooks/{verb}.yml" and (Path(__file__).resolve().parents[2] / playbook).is_file()
         assert cli.COMMANDS[verb][0] == "twinspark.frontdoor"
+
+
+def test_a_verb_ends_with_the_health_sweep_of_the_same_inventory(project, monkeypatch, capsys):
+    """The closing table is `twinspark health -i INVENTORY`'s own, asked through its function: its exit code is
+    the verb's."""
+    from twinspark.health import command as health
+
+    asked = []
+    monkeypatch.setattr(health, "check_inventory", lambda inventory, timeout=10.0: asked.append(inventory) or 1)
+    inventory = str(project / "inventory.ini")
+    assert cli.main(["deploy", "-i", inventory]) == 1
+    assert asked == [inventory]

@@ -355,3 +355,28 @@ def test_head_only_tls_files_are_not_settings_both_nodes_must_share():
     assert checks.check_settings_agree({"node1": head, "node2": worker}, per_node, secret).status == OK
     worker_differs = {"VLLM_PORT": "9999"}
     assert checks.check_settings_agree({"node1": head, "node2": worker_differs}, per_node, secret).status == FAILED
+
+
+def _handshaped_ip_addr(name: str, address: str) -> str:
+    """`ip -j addr`'s shape for one interface carrying one IPv4 address (handshaped, not recorded)."""
+    return json.dumps([{"ifname": name, "flags": ["UP"], "mtu": 9000, "operstate": "UP",
+                        "addr_info": [{"family": "inet", "local": address, "prefixlen": 24}]}])
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"GID_MATCH_IP": "10.77.9.9"}, "10.77.9.9"),  # GID_MATCH_IP first, as the launcher reads it
+    ({}, "10.77.0.5"),  # else the socket interface's own address, before VLLM_HOST_IP
+])
+def test_health_resolves_the_gid_with_the_launchers_match_ip(monkeypatch, extra, expected):
+    from twinspark import launcher
+    from twinspark.fabric import gid
+
+    asked = []
+    monkeypatch.setattr(gid, "resolve_gid_index", lambda hca, address, root: asked.append(address) or (3, []))
+    env = {"NCCL_SOCKET_IFNAME": "enp1s0f0np0", "VLLM_HOST_IP": "10.77.0.1", "NCCL_IB_HCA": "rocep1s0f0",
+           "NODE_RANK": "0", **extra}
+    run = recorded_run({"ip -j": _handshaped_ip_addr("enp1s0f0np0", "10.77.0.5")})
+    facts = gather.read_fabric(env, gb10=True, run=run)
+    assert asked == [expected]
+    assert facts["gid"] == {"index": 3, "match_ip": expected}
+    assert launcher.match_ip(env, lambda name: ["10.77.0.5"] if name == "enp1s0f0np0" else []) == expected

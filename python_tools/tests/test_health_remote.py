@@ -77,7 +77,7 @@ def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise(tmp_p
 
 def test_an_inventory_without_a_worker_is_refused_naming_the_group(tmp_path):
     text = INVENTORY.replace("twinspark_worker:", "other_group:")
-    with pytest.raises(remote.InventoryError, match="twinspark_worker must hold exactly one host"):
+    with pytest.raises(remote.InventoryError, match="twinspark_worker: must hold exactly one host"):
         remote.read_inventory(write(tmp_path, text))
 
 

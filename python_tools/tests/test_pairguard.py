@@ -7,6 +7,7 @@ import json
 import pytest
 
 from twinspark import pairguard as pg
+from twinspark import systemd
 from twinspark.pairguard import Action, Attempt, GuardState, Observation, Policy, Probe, Verdict
 
 POLICY = Policy(max_attempts=3, backoff_initial_s=30, backoff_max_s=300, flap_window_s=3600,
@@ -205,7 +206,7 @@ def test_missing_served_name_names_the_variable():
 
 
 def test_active_for_uses_the_monotonic_enter_timestamp():
-    props = pg.parse_show("ActiveState=active\nActiveEnterTimestampMonotonic=100000000\n")
+    props = systemd.parse_show("ActiveState=active\nActiveEnterTimestampMonotonic=100000000\n")
     assert pg.active_for_s(props, 160.0) == pytest.approx(60.0)
     assert pg.active_for_s({"ActiveState": "inactive", "ActiveEnterTimestampMonotonic": "5"}, 160.0) is None
 

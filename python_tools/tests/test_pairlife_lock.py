@@ -126,3 +126,25 @@ def test_pair_restart_gives_up_after_its_lock_timeout_naming_the_holder(head, ca
     err = capsys.readouterr().err
     assert "twinspark pair restart: the pair's lifecycle lock" in err and "held by the pair guard's run" in err
     assert cli.main(["pair", "restart", *args]) == 0 and looked == ["restart"]
+
+
+@pytest.mark.parametrize(("kicks", "settles"), [
+    (pl.Kicks(1, 0, ("127.0.0.1",)), True),  # a rank's kick: let a stopping rank finish stopping first
+    (pl.Kicks(0, 2, ()), False),  # datagrams that are not kicks wake nothing
+    (pl.Kicks(), False),  # the timer
+])
+def test_the_guard_waits_for_a_stopping_rank_only_when_a_kick_woke_it(head, monkeypatch, kicks, settles):
+    """Whether the run was woken comes from the kick reader's count, not from the words of the journal line."""
+    args, looked, _lock = head
+    assert kicks.woken is settles
+
+    class Inbox:
+        listening = True
+
+        def drain(self):
+            return kicks if not looked else pl.Kicks()
+
+    monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: Inbox()))
+    monkeypatch.setattr(pg, "settle", lambda read, timeout_s: looked.append("settle") or ("failed", "active", 0.0))
+    assert cli.main(["pair", "guard", *args, "--settle", "5"]) == 0
+    assert looked == (["settle"] if settles else []) + ["observe", "restart"]

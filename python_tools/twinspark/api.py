@@ -77,13 +77,19 @@ def base_url(host: str, port: int | str, tls: bool = False) -> str:
     return f"{'https' if tls else 'http'}://{probe_host(host)}:{int(str(port), 10)}"
 
 
-def first_key(env: Mapping[str, str]) -> str | None:
-    """The key probes send: VLLM_API_KEY, or the first of DSPARK_API_KEYS (blank means unset)."""
+def keys(env: Mapping[str, str]) -> list[str]:
+    """Every API key the head serves with, in order: VLLM_API_KEY's, else DSPARK_API_KEYS' (blank means unset;
+    validation lets at most one of the two be set). The launcher hands these to vLLM; probes send the first."""
     for name in ("VLLM_API_KEY", "DSPARK_API_KEYS"):
         tokens = (env.get(name) or "").split()
         if tokens:
-            return tokens[0]
-    return None
+            return tokens
+    return []
+
+
+def first_key(env: Mapping[str, str]) -> str | None:
+    """The key probes send: the first of `keys` (None when the API has none)."""
+    return next(iter(keys(env)), None)
 
 
 def tls_ca(env: Mapping[str, str]) -> str | None:

@@ -304,13 +304,11 @@ def from_inventory(inventory: str | None, timeout: float = 10.0,
     env files over SSH, as `twinspark health` reads them (None when they cannot be read); the CA (None: plain HTTP)
     from the inventory's TLS settings (twinspark.api.tls_ca_from_inventory)."""
     from twinspark import api
-    from twinspark.health.command import default_inventory
-    from twinspark.health.remote import Connection, read_inventory, read_remote_env
+    from twinspark import inventory as pair_inventory
 
-    pair = read_inventory(inventory or default_inventory())
+    pair = pair_inventory.read_inventory(inventory or pair_inventory.default_inventory())
     try:
-        with Connection(pair.head, timeout) as connection:
-            env = read_remote_env(connection, timeout)
+        env = pair_inventory.head_env(pair, timeout)
     except Exception as error:  # noqa: BLE001 - without the env files the bench still runs, keyless
         _progress(f"could not read the head's env files ({type(error).__name__}); sending no API key")
         env = {}
@@ -321,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     import requests
 
     from twinspark import api
-    from twinspark.health.remote import InventoryError
+    from twinspark.inventory import InventoryError
 
     key = (os.environ.get(args.api_key_env, "").split() or [None])[0]
     model = args.model

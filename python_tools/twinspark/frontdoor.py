@@ -184,13 +184,13 @@ def _route_refusal(inventory: str) -> str | None:
     """Why the pair's addresses must not be dialled from here (a simulated pair whose network is down), or None.
 
     An inventory this cannot read is left to the playbook's own validation, which names the problem."""
+    from twinspark import inventory as pair_inventory
     from twinspark import netguard
-    from twinspark.health import remote
 
     try:
-        pair = remote.read_inventory(inventory)
+        pair = pair_inventory.read_inventory(inventory)
         netguard.check([pair.head.host, pair.worker.host, pair.api_url])
-    except remote.InventoryError:
+    except pair_inventory.InventoryError:
         return None
     except netguard.UnsafeRoute as error:
         return str(error)
@@ -198,10 +198,10 @@ def _route_refusal(inventory: str) -> str | None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from twinspark.health import command as health
+    from twinspark.inventory import default_inventory
 
     project = project_root()
-    inventory = args.inventory or health.default_inventory()
+    inventory = args.inventory or default_inventory()
     playbook = project / PLAYBOOKS[args.verb]
     if not playbook.is_file():
         print(f"twinspark {args.verb}: {playbook} does not exist (run from the TwinSpark checkout)", file=sys.stderr)
@@ -227,9 +227,9 @@ def _command(args: argparse.Namespace) -> int:
         return rc
     if args.verb == "stop" or args.no_health or args.check:
         return 0
-    health_args = argparse.Namespace(inventory=inventory, local=False, pair=False, no_pair=False, json=False,
-                                     prom_file=None, timeout=10.0)
-    return health.run(health_args)
+    from twinspark.health import command as health
+
+    return health.check_inventory(inventory, timeout=10.0)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

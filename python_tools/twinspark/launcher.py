@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import settings
+from twinspark.fabric.gid import match_ip as gid_match_ip
 from twinspark.settings import Registry
 from twinspark.vllm_entry import API_KEYS_ENV
 
@@ -80,9 +81,10 @@ def speculative_config(num_tokens: int, sample_method: str) -> str:
 
 
 def api_keys(values: Mapping[str, str]) -> list[str]:
-    """All configured API keys in order (validation guarantees at most one of the two variables is set)."""
-    text = values.get("DSPARK_API_KEYS") or values.get("VLLM_API_KEY") or ""
-    return text.split()
+    """All configured API keys in order, by the one rule probes use too (twinspark.api.keys)."""
+    from twinspark import api
+
+    return api.keys(values)
 
 
 def pinned_python(executable: str, prefix: str, base_prefix: str, realpath=os.path.realpath) -> str:
@@ -147,20 +149,8 @@ def build_command(
     return Command(argv=argv, env=env, unset=unset, secret_env=secret_env)
 
 
-def match_ip(values: Mapping[str, str], interface_addresses: Callable[[str], list[str]]) -> str:
-    """This node's GID match IP: GID_MATCH_IP, else the first IPv4 address on NCCL_SOCKET_IFNAME, else
-    VLLM_HOST_IP, else MASTER_ADDR (head) or WORKER_HOST (worker); empty when none is known."""
-    if values.get("GID_MATCH_IP"):
-        return values["GID_MATCH_IP"]
-    ifname = values.get("NCCL_SOCKET_IFNAME", "").removeprefix("=")
-    if ifname and not ifname.startswith("^") and "," not in ifname:
-        addresses = interface_addresses(ifname)
-        if addresses:
-            return addresses[0]
-    if values.get("VLLM_HOST_IP"):
-        return values["VLLM_HOST_IP"]
-    fallback = values.get("WORKER_HOST" if values.get("NODE_RANK") == "1" else "MASTER_ADDR", "")
-    return fallback.rsplit("@", 1)[-1]
+# The launcher's order for this node's GID match IP; health resolves with the same rule (fabric/gid.py).
+match_ip = gid_match_ip
 
 
 def resolve_gid(

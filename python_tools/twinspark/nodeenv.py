@@ -15,6 +15,9 @@ from twinspark.settings import Knob, Registry
 
 RANKS = (0, 1)
 ROLE_OF_RANK = {0: "head", 1: "worker"}
+HEAD_GROUP = "twinspark_head"
+WORKER_GROUP = "twinspark_worker"
+"""The inventory groups that make a pair: each holds exactly one host (`pair_hosts`)."""
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 """The per-host inventory variable holding a node's own interconnect address (not a knob: it feeds derived ones)."""
 
@@ -51,7 +54,7 @@ def describe(env: str, registry: Registry) -> str:
         if knob is None:
             out.append(name)
         elif knob.derived:
-            out.append(f"{name} (derived from {FABRIC_ADDRESS_VAR} and the groups twinspark_head/twinspark_worker)")
+            out.append(f"{name} (derived from {FABRIC_ADDRESS_VAR} and the groups {HEAD_GROUP}/{WORKER_GROUP})")
         else:
             out.append(f"{knob.var} ({name})")
     return ", ".join(out)
@@ -202,3 +205,49 @@ def pair_envs(
     if problems:
         raise NodeEnvError([f"{', '.join(hosts)}: {problem}" for problem, hosts in problems.items()])
     return envs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The pair in the inventory: one head, one worker (the filters, health, bench and the front door all ask here)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def group_problems(groups: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the inventory groups of the pair (exactly one head, one worker, not the same host)."""
+    problems = []
+    heads = list(groups.get(HEAD_GROUP) or [])
+    workers = list(groups.get(WORKER_GROUP) or [])
+    for group, members, role in ((HEAD_GROUP, heads, "head (rank 0)"), (WORKER_GROUP, workers, "worker (rank 1)")):
+        if len(members) != 1:
+            problems.append(f"group {group}: must hold exactly one host, the {role}; it holds {len(members)} "
+                            f"({', '.join(members) or 'none'}). Fix the inventory's hosts.yml")
+    if heads and workers and set(heads) & set(workers):
+        problems.append(f"groups {HEAD_GROUP} and {WORKER_GROUP}: {', '.join(sorted(set(heads) & set(workers)))} "
+                        "is in both; the head and the worker must be two different hosts")
+    return problems
+
+
+def pair_hosts(groups: Mapping[str, Any]) -> tuple[str, str]:
+    """(head, worker) host names from the inventory groups; NodeEnvError with every group problem otherwise."""
+    problems = group_problems(groups)
+    if problems:
+        raise NodeEnvError(problems)
+    return str(groups[HEAD_GROUP][0]), str(groups[WORKER_GROUP][0])
+
+
+def head_setting(host_vars: Mapping[str, Any], env: str, registry: Registry | None = None) -> str | None:
+    """One setting as the head's env file carries it, from the head's merged inventory variables: the inventory's
+    value checked and normalised like every knob, else the registry default under the host's profile (None when
+    the knob has none). Raises NodeEnvError naming the inventory variable."""
+    registry = registry or settings.load()
+    knob = registry[env]
+    profile_knob = registry["TWINSPARK_PROFILE"]
+    profile = (env_text(host_vars.get(profile_knob.var)) or "").strip() or profile_knob.default_for("gb10") or "gb10"
+    text = env_text(host_vars.get(knob.var))
+    if text is None or not text.strip():
+        return knob.default_for(profile, 0)
+    try:
+        return validate.normalise(knob, text)
+    except ValueError as error:
+        raise NodeEnvError([f"{knob.var}: {error}" + (f" (allowed: {knob.allowed()})" if knob.allowed() else "")]) \
+            from None

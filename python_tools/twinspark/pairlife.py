@@ -45,6 +45,11 @@ class Kicks:
     ignored: int = 0
     senders: tuple[str, ...] = ()  # addresses the kicks came from, sorted, each once
 
+    @property
+    def woken(self) -> bool:
+        """Whether a rank's kick (not only the timer) is why the guard runs now."""
+        return self.count > 0
+
     def __add__(self, other: Kicks) -> Kicks:
         return Kicks(self.count + other.count, self.ignored + other.ignored,
                      tuple(sorted(set(self.senders) | set(other.senders))))

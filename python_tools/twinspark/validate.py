@@ -235,6 +235,15 @@ _NORMALISERS = {
 }
 
 
+def normalise(knob: Knob, text: str) -> str:
+    """One knob's value as env-file text, by the rule `validate` applies to it; ValueError says why it is invalid
+    (without the value when the knob is secret)."""
+    try:
+        return _NORMALISERS[knob.type](knob, text)
+    except _Invalid as exc:
+        raise ValueError(exc.message + _got(knob, text)) from None
+
+
 def _is_blank(knob: Knob, text: str) -> bool:
     if knob.type == "passthrough":
         return text == ""

@@ -244,3 +244,20 @@ def resolve_gid_index(selector: str, match_ip: str, sysfs_root: pathlib.Path) ->
     """
     resolution = resolve(selector, match_ip, sysfs_root)
     return resolution.index, resolution.notes
+
+
+def match_ip(values: Mapping[str, str], interface_addresses: Callable[[str], list[str]]) -> str:
+    """This node's GID match IP, in the one order the launcher and health both use: GID_MATCH_IP, else the first
+    IPv4 address on NCCL_SOCKET_IFNAME, else VLLM_HOST_IP, else MASTER_ADDR (head) or WORKER_HOST (worker); empty
+    when none is known. `interface_addresses` names an interface's IPv4 addresses (the I/O stays with the caller)."""
+    if values.get("GID_MATCH_IP"):
+        return values["GID_MATCH_IP"]
+    ifname = values.get("NCCL_SOCKET_IFNAME", "").removeprefix("=")
+    if ifname and not ifname.startswith("^") and "," not in ifname:
+        addresses = interface_addresses(ifname)
+        if addresses:
+            return addresses[0]
+    if values.get("VLLM_HOST_IP"):
+        return values["VLLM_HOST_IP"]
+    fallback = values.get("WORKER_HOST" if values.get("NODE_RANK") == "1" else "MASTER_ADDR", "")
+    return fallback.rsplit("@", 1)[-1]

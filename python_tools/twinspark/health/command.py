@@ -6,12 +6,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from twinspark import netguard
 from twinspark.health import checks, report
 from twinspark.health.checks import CheckResult
+from twinspark.inventory import default_inventory
 
 EPILOG = """\
 modes:
@@ -123,22 +124,22 @@ def cross_checks(summaries: Mapping[str, Mapping[str, object]]) -> list[CheckRes
     ]
 
 
-def default_inventory() -> str:
-    from ansible import constants
-
-    sources = constants.DEFAULT_HOST_LIST
-    return sources[0] if isinstance(sources, list) and sources else str(sources)
-
-
 def controller_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict]:
+    return sweep_inventory(args.inventory, args.timeout, nodes=not args.pair, probe_pair=not args.no_pair)
+
+
+def sweep_inventory(inventory: str | None, timeout: float, nodes: bool = True, probe_pair: bool = True,
+                    ) -> tuple[list[CheckResult], dict, dict]:
+    """The controller's sweep of the inventory's pair (ansible.cfg's inventory when None): both nodes' agents over
+    SSH (unless `nodes` is false) and the pair's API from outside (unless `probe_pair` is false)."""
     from twinspark.health import remote
 
-    pair = remote.read_inventory(args.inventory or default_inventory())
+    pair = remote.read_inventory(inventory or default_inventory())
     netguard.check([pair.head.host, pair.worker.host, pair.api_url])
-    outcome = remote.sweep(pair, args.timeout, nodes=not args.pair, probe_pair=not args.no_pair)
+    outcome = remote.sweep(pair, timeout, nodes=nodes, probe_pair=probe_pair)
     results: list[CheckResult] = []
     summaries: dict[str, Mapping[str, object]] = {}
-    if not args.pair:
+    if nodes:
         for node in (pair.head, pair.worker):
             if node.name in outcome.errors:
                 results.append(checks.check_agent(node.name, outcome.errors[node.name]))
@@ -152,15 +153,29 @@ def controller_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict,
     if outcome.pair is not None:
         env = outcome.head_env or {}
         results += checks.pair_checks(pair.api_url, outcome.pair, env.get("SERVED_MODEL_NAME") or None,
-                                      _int(env.get("MAX_MODEL_LEN")), args.timeout, _down(results))
+                                      _int(env.get("MAX_MODEL_LEN")), timeout, _down(results))
         metrics = _pair_metrics(outcome.pair)
     return results, summaries, metrics
 
 
 def run(args: argparse.Namespace) -> int:
+    sweep = (lambda: local_sweep(args)) if args.local else (lambda: controller_sweep(args))
+    return answer(sweep, as_json=args.json, quiet=getattr(args, "quiet", False), prom_file=args.prom_file)
+
+
+def check_inventory(inventory: str | None, timeout: float = 10.0) -> int:
+    """`twinspark health -i INVENTORY` for another command (the playbook verbs end with it): the whole controller
+    sweep, printed as the table; the health exit code (0 healthy, 1 degraded, 2 failed)."""
+    return answer(lambda: sweep_inventory(inventory, timeout))
+
+
+def answer(sweep: Callable[[], tuple[list[CheckResult], dict, dict]], as_json: bool = False, quiet: bool = False,
+           prom_file: Path | None = None) -> int:
+    """Run a sweep and print its report (table or JSON), write the textfile when asked; the health exit code.
+    An unusable inventory or an unsafe route is exit 2 with one line naming it."""
     started = time.monotonic()
     try:
-        results, nodes, metrics = local_sweep(args) if args.local else controller_sweep(args)
+        results, nodes, metrics = sweep()
     except Exception as error:
         from twinspark.health.remote import InventoryError
 
@@ -169,10 +184,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         raise
     elapsed = time.monotonic() - started
-    if args.json:
+    if as_json:
         print(json.dumps(report.as_json(results, nodes, elapsed, metrics), indent=2, sort_keys=False))
     else:
-        print(report.table(results, quiet=getattr(args, "quiet", False)))
-    if args.prom_file:
-        report.write_prom_file(args.prom_file, results, elapsed, metrics)
+        print(report.table(results, quiet=quiet))
+    if prom_file:
+        report.write_prom_file(prom_file, results, elapsed, metrics)
     return checks.exit_code(checks.overall(results))

@@ -17,6 +17,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from twinspark import systemd
+
 SERVE_ENV = Path("/etc/twinspark/serve.env")
 SECRETS_ENV = Path("/etc/twinspark/secrets.env")
 STATE_DIR = Path("/var/lib/twinspark")
@@ -118,18 +120,9 @@ def read_env(paths: Sequence[Path] = (SERVE_ENV, SECRETS_ENV)) -> tuple[dict[str
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def parse_systemctl_show(text: str) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            values[key.strip()] = value.strip()
-    return values
-
-
 def read_unit(unit: str = UNIT, run: Run = run_command) -> dict[str, str]:
-    completed = run(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPERTIES)])
-    values = parse_systemctl_show(completed.stdout)
+    completed = run(systemd.show_argv(unit, UNIT_PROPERTIES))
+    values = systemd.parse_show(completed.stdout)
     if completed.returncode != 0 and not values:
         values = {"LoadState": "error", "Result": (completed.stderr or "").strip()[:200]}
     return values
@@ -209,8 +202,12 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
         try:
             from twinspark.fabric import gid
 
-            index, _notes = gid.resolve_gid_index(env["NCCL_IB_HCA"], env.get("VLLM_HOST_IP", ""), sysfs_root)
-            facts["gid"] = {"index": index}
+            # The launcher's order (GID_MATCH_IP, the socket interface's address, VLLM_HOST_IP, ...), with the
+            # addresses `ip` just reported, so health resolves the index the launcher will.
+            seen = {str(i["ifname"]): list(i["addresses"]) for i in interfaces}
+            address = gid.match_ip(env, lambda name: seen.get(name, []))
+            index, _notes = gid.resolve_gid_index(env["NCCL_IB_HCA"], address, sysfs_root)
+            facts["gid"] = {"index": index, "match_ip": address}
         except Exception as error:  # noqa: BLE001 - any resolution failure is the finding itself
             facts["gid"] = {"error": str(error)}
     return facts

@@ -1,0 +1,414 @@
+"""The pair guard's rules: what a look at the pair means and what to do about it, as pure functions over plain data.
+
+`assess` judges one observation (both units, the one-token probe, vLLM's counters on /metrics); `decide` turns a
+verdict and the remembered state into an action (none, wait, restart, give up) with backoff; `after_restart`
+records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a busy pair is told
+from a stalled one. No systemctl, SSH, HTTP, clock or file here: pairguard.py does the I/O and hands these
+functions what it saw (roles/vllm_service/README.md describes the faults they answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+
+from twinspark import api as head_api
+
+UNIT = "twinspark-vllm.service"  # moved here with the rules that name it; pairguard.py imports it
+RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
+
+# systemd states in which a unit is on its way somewhere: judge it on a later run.
+TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Probe(StrEnum):
+    """The result of asking the head's API for one generated token."""
+
+    OK = "ok"  # /v1/models lists the served model and one token came back
+    NOT_READY = "not_ready"  # the API does not answer yet, or does not list the served model
+    TIMEOUT = "timeout"  # the generation did not finish in time: broken, or only busy
+    ERROR = "error"  # the generation failed (HTTP 5xx, connection reset, no token)
+    SKIPPED = "skipped"  # not asked, because a unit is already known to be down
+
+
+class Verdict(StrEnum):
+    HEALTHY = "healthy"
+    STARTING = "starting"  # give it time
+    UNKNOWN = "unknown"  # cannot see (or act on) the worker
+    SUSPECT = "suspect"  # a generation timed out: maybe only busy, count strikes
+    BROKEN = "broken"  # restart the pair
+
+
+class Action(StrEnum):
+    NONE = "none"  # healthy
+    WAIT = "wait"  # look again next run
+    RESTART = "restart"  # ordered pair restart now
+    GIVE_UP = "give_up"  # too many failed restarts: stop trying, loudly
+    GAVE_UP = "gave_up"  # already given up; an operator must act
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of the head's /metrics: vLLM's running requests and its token counters at a unix time."""
+
+    at: float
+    running: float | None = None  # vllm:num_requests_running
+    tokens: float | None = None  # vllm:generation_tokens_total + vllm:prompt_tokens_total (None: not exported)
+    kv: float | None = None  # vllm:kv_cache_usage_perc: moves while a long prompt is prefilled in chunks
+    error: str = ""  # why the counters are missing
+    unreachable: bool = False  # /metrics did not answer at all (refused, timed out, HTTP error)
+
+    @property
+    def counted(self) -> bool:
+        return self.tokens is not None and self.running is not None
+
+
+def sample_from_metrics(metrics: Mapping[str, object], at: float) -> Sample:
+    """twinspark.api.read_metrics' answer -> a Sample."""
+
+    def number(key: str) -> float | None:
+        value = metrics.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    generated, prefilled = number("generation_tokens"), number("prompt_tokens")
+    tokens = None if generated is None else generated + (prefilled or 0.0)
+    error = str(metrics.get("error") or "")
+    if not error and tokens is None:
+        error = "no vllm:generation_tokens_total in /metrics"
+    return Sample(at=at, running=number("running"), tokens=tokens, kv=number("kv_cache_usage"), error=error,
+                  unreachable=bool(metrics.get("unreachable")))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the counters say across samples (kept in the state file between runs)."""
+
+    at: float  # when the latest counted sample was taken
+    tokens: float
+    kv: float | None
+    running: float
+    moved: bool | None  # the counters changed since the sample before (None: nothing to compare with)
+    flat_since: float | None  # first sample of the current stretch with requests running and unchanged counters
+
+    def flat_for(self) -> float:
+        return 0.0 if self.flat_since is None else self.at - self.flat_since
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one guard run saw."""
+
+    head_state: str  # ActiveState of the head's twinspark-vllm.service
+    worker_state: str | None  # the worker's, or None when the worker could not be reached over SSH
+    probe: Probe = Probe.SKIPPED
+    probe_detail: str = ""
+    head_active_for_s: float | None = None  # how long the head's unit has been active
+    samples: tuple[Sample, ...] = ()  # /metrics before (and after a timed-out probe), oldest first
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_attempts: int = 5  # failed restarts in a row before giving up
+    backoff_initial_s: float = 30.0  # wait after the first restart before another one
+    backoff_max_s: float = 900.0
+    flap_window_s: float = 3600.0  # restarts this recent count towards the backoff, even successful ones
+    startup_grace_s: float = 1800.0  # a head this young that is not ready yet is still starting (JIT)
+    timeout_strikes: int = 3  # timed-out generations in a row before a busy-looking pair counts as broken
+    # (only where /metrics shows no vLLM counters, or before the pair served its first generation)
+    stall_window_s: float = 30.0  # requests running and no token for this long: stalled
+    short_probe_timeout_s: float = 15.0  # the probe's timeout once /metrics can judge progress
+    sample_max_age_s: float = 300.0  # an older saved sample is not compared with (the guard was not running)
+    metrics_timeout_s: float = 5.0  # how long one read of /metrics may take
+
+    def backoff_s(self, recent_attempts: int) -> float:
+        """Seconds to wait after the latest restart, given how many restarts happened within the flap window."""
+        if recent_attempts <= 0:
+            return 0.0
+        return min(self.backoff_initial_s * 2 ** (recent_attempts - 1), self.backoff_max_s)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    at: float  # unix time the restart began
+    ok: bool
+    reason: str  # why the pair was restarted, and how it ended
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What the guard remembers between runs (the state file)."""
+
+    attempts: tuple[Attempt, ...] = ()
+    failures_in_row: int = 0
+    timeout_strikes: int = 0
+    gave_up_at: float | None = None
+    gave_up_reason: str = ""
+    last: Mapping[str, object] = field(default_factory=dict)  # the latest run: at, verdict, action, reason
+    progress: Progress | None = None  # the latest /metrics counters, to compare with on the next run
+    served_at: float | None = None  # when the pair last answered a probe or moved its counters
+
+    def recent_attempts(self, now: float, window_s: float) -> tuple[Attempt, ...]:
+        return tuple(a for a in self.attempts if now - a.at < window_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    action: Action
+    reason: str
+    state: GuardState  # the state to keep after this run (a restart's outcome is added by `after_restart`)
+
+
+def track(previous: Progress | None, samples: Sequence[Sample], policy: Policy) -> Progress | None:
+    """Fold this run's /metrics samples into the progress remembered from earlier runs.
+
+    A sample without counters changes nothing. A saved sample older than `sample_max_age_s`, or counters that went
+    down (vLLM restarted), start afresh. A stretch of unchanged counters counts as flat only from the first sample
+    that saw requests running in it, so a request that arrived between two samples is never timed from before it.
+    """
+    progress = previous
+    for sample in samples:
+        if not sample.counted:
+            continue
+        assert sample.tokens is not None and sample.running is not None
+        busy = sample.running > 0
+        fresh = (progress is None or sample.at - progress.at > policy.sample_max_age_s
+                 or sample.tokens < progress.tokens)
+        if fresh:
+            progress = Progress(sample.at, sample.tokens, sample.kv, sample.running, None,
+                                sample.at if busy else None)
+            continue
+        assert progress is not None
+        moved = sample.tokens != progress.tokens or sample.kv != progress.kv
+        if moved or not busy:
+            flat_since = None if not busy else sample.at
+        else:
+            flat_since = progress.flat_since if progress.flat_since is not None else sample.at
+        progress = Progress(sample.at, sample.tokens, sample.kv, sample.running, moved, flat_since)
+    return progress
+
+
+def stalled(progress: Progress | None, policy: Policy) -> bool:
+    """Requests running and vLLM's counters unchanged for at least the stall window."""
+    return (progress is not None and progress.running > 0 and progress.flat_since is not None
+            and progress.flat_for() >= policy.stall_window_s)
+
+
+def warm(served_at: float | None, head_active_for_s: float | None, now: float) -> bool:
+    """Whether the pair has served (a probe answered, or its counters moved) since the head's unit became active:
+    before that, a slow first generation is the kernels compiling, not a stall."""
+    return served_at is not None and head_active_for_s is not None and served_at >= now - head_active_for_s
+
+
+def probe_plan(first: Sample | None, progress: Progress | None, is_warm: bool, policy: Policy,
+               long_timeout_s: float) -> float | None:
+    """How long the one-token probe may take after the first /metrics sample of a run; None: do not probe, the
+    counters already show a stall. The counters judge progress, so the probe can be short where they are visible
+    (and where /metrics does not answer on a pair that served before); elsewhere the long timeout and strikes."""
+    if stalled(progress, policy):
+        return None
+    if first is not None and first.counted and (is_warm or (first.running or 0) > 0):
+        return policy.short_probe_timeout_s
+    if first is not None and first.unreachable and is_warm:
+        return policy.short_probe_timeout_s
+    return long_timeout_s
+
+
+def _counters(progress: Progress) -> str:
+    return f"{progress.running:.0f} request(s) running, token counter at {progress.tokens:.0f}"
+
+
+def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
+           is_warm: bool = False) -> tuple[Verdict, str]:
+    """Judge the pair from one observation, the /metrics progress (`track`) and whether it served since its start.
+
+    Without `progress` it is tracked from this run's samples alone."""
+    if progress is None:
+        progress = track(None, obs.samples, policy)
+    if obs.worker_state is None:
+        return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
+    for rank, state in (("head", obs.head_state), ("worker", obs.worker_state)):
+        if state in TRANSITIONAL:
+            return Verdict.STARTING, f"the {rank}'s {UNIT} is {state}"
+    down = [f"{rank}'s {UNIT} is {state}" for rank, state in (("head", obs.head_state),
+                                                            ("worker", obs.worker_state)) if state != "active"]
+    if down:
+        return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
+    if obs.probe is Probe.OK:
+        return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
+    if obs.probe in (Probe.TIMEOUT, Probe.SKIPPED) and progress is not None:
+        if stalled(progress, policy):
+            return Verdict.BROKEN, (f"stalled: {_counters(progress)} and unchanged for {progress.flat_for():.0f} s "
+                                    f"(window {policy.stall_window_s:.0f} s): no token is coming out")
+        if progress.moved:
+            waited = f"the one-token probe timed out ({obs.probe_detail}) but " if obs.probe is Probe.TIMEOUT else ""
+            return Verdict.HEALTHY, f"busy: {waited}tokens are flowing ({_counters(progress)})"
+    if obs.probe is Probe.NOT_READY:
+        age = obs.head_active_for_s
+        if age is None or age < policy.startup_grace_s:
+            shown = "" if age is None else f" for {age:.0f} s"
+            return Verdict.STARTING, f"both ranks active, the head{shown} not ready yet ({obs.probe_detail})"
+        return Verdict.BROKEN, (f"the head has been active for {age:.0f} s and is still not ready "
+                                f"({obs.probe_detail}): a rank is stuck in the rendezvous")
+    if obs.probe is Probe.TIMEOUT:
+        latest = obs.samples[-1] if obs.samples else None
+        if is_warm and latest is not None and latest.unreachable:
+            return Verdict.BROKEN, (f"one-token generation timed out ({obs.probe_detail}) and /metrics does not "
+                                    f"answer either ({latest.error}): the API process hangs")
+        if (is_warm and progress is not None and progress.running == 0 and progress.moved is False
+                and latest is not None and latest.counted):
+            return Verdict.BROKEN, (f"one-token generation timed out ({obs.probe_detail}) on an idle pair and "
+                                    f"/metrics shows no progress ({_counters(progress)}): a rank is frozen")
+        if progress is not None and progress.running > 0:
+            return Verdict.SUSPECT, (f"one-token generation timed out ({obs.probe_detail}); {_counters(progress)}, "
+                                     f"unchanged for {progress.flat_for():.0f} s of the {policy.stall_window_s:.0f} s "
+                                     "stall window")
+        return Verdict.SUSPECT, f"one-token generation timed out ({obs.probe_detail})"
+    if obs.probe is Probe.ERROR:
+        return Verdict.BROKEN, f"one-token generation failed ({obs.probe_detail})"
+    return Verdict.STARTING, "both ranks active, not probed"
+
+
+def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> Decision:
+    """What to do about the pair, given what was seen and what the guard did before."""
+    progress = track(state.progress, obs.samples, policy)
+    if obs.probe is Probe.OK and progress is not None:
+        # A token came back: whatever the gauges say, the engine works; a flat stretch starts again from here.
+        progress = replace(progress, flat_since=None)
+    verdict, reason = assess(obs, policy, progress, warm(state.served_at, obs.head_active_for_s, now))
+    served = obs.probe is Probe.OK or bool(progress is not None and progress.moved)
+    state = replace(state, progress=progress, served_at=now if served else state.served_at)
+    if verdict is Verdict.HEALTHY:
+        # Healthy clears every count, including a give-up: the pair was repaired by someone.
+        return Decision(verdict, Action.NONE, reason,
+                        replace(state, failures_in_row=0, timeout_strikes=0, gave_up_at=None, gave_up_reason=""))
+    if state.gave_up_at is not None:
+        return Decision(verdict, Action.GAVE_UP,
+                        f"{reason}; gave up after {state.failures_in_row} failed restart(s): {state.gave_up_reason}; "
+                        f"fix the cause, then {RESTART_HINT}", state)
+    if verdict in (Verdict.STARTING, Verdict.UNKNOWN):
+        return Decision(verdict, Action.WAIT, reason, state)
+    if verdict is Verdict.SUSPECT and progress is not None and progress.running > 0:
+        # The counters are visible and requests are running: the stall window decides, not strikes.
+        return Decision(verdict, Action.WAIT, reason, state)
+    if verdict is Verdict.SUSPECT:
+        strikes = state.timeout_strikes + 1
+        state = replace(state, timeout_strikes=strikes)
+        if strikes < policy.timeout_strikes:
+            return Decision(verdict, Action.WAIT,
+                            f"{reason}; strike {strikes} of {policy.timeout_strikes} (a busy pair answers late)", state)
+        reason = f"{reason}; {strikes} timed-out generations in a row"
+    if state.failures_in_row >= policy.max_attempts:
+        gave_up = replace(state, gave_up_at=now,
+                          gave_up_reason=f"{state.failures_in_row} ordered restarts in a row did not bring the "
+                                         f"pair back; last: {reason}")
+        return Decision(verdict, Action.GIVE_UP, gave_up.gave_up_reason + f"; fix the cause, then {RESTART_HINT}",
+                        gave_up)
+    recent = state.recent_attempts(now, policy.flap_window_s)
+    if recent:
+        wait_s = policy.backoff_s(len(recent))
+        due = recent[-1].at + wait_s
+        if now < due:
+            return Decision(verdict, Action.WAIT,
+                            f"{reason}; backing off: {len(recent)} restart(s) in the last "
+                            f"{policy.flap_window_s:.0f} s, next attempt in {due - now:.0f} s", state)
+    return Decision(verdict, Action.RESTART, reason, state)
+
+
+def after_restart(state: GuardState, started_at: float, ok: bool, reason: str, policy: Policy,
+                  finished_at: float | None = None) -> GuardState:
+    """The state after an ordered restart that began at `started_at` and succeeded (`ok`: served a generation at
+    `finished_at`) or not."""
+    attempts = (*state.recent_attempts(started_at, policy.flap_window_s), Attempt(started_at, ok, reason))
+    # vLLM's counters start from zero in the new processes: compare only with samples taken after the restart.
+    if ok:
+        return replace(state, attempts=attempts, failures_in_row=0, timeout_strikes=0, progress=None,
+                       served_at=finished_at)
+    return replace(state, attempts=attempts, failures_in_row=state.failures_in_row + 1, timeout_strikes=0,
+                   progress=None, served_at=None)
+
+
+# The head's API as the guard judges it (the client itself is twinspark.api).
+Api = head_api.Api
+
+
+def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeout_s: float) -> tuple[Probe, str]:
+    """The health tools' answers from the head's API (`gather_pair`) -> what the guard makes of them.
+
+    Judged with the health checks themselves (twinspark.health.checks): the model not listed means not ready; a
+    generation without an answer in time is a timeout (maybe only busy), and so is a /v1/models that accepted the
+    connection but did not answer in time (a starting head refuses connections; one that hangs does not); any
+    other failed generation is an error.
+    """
+    from twinspark.health import checks
+
+    models = results.get("models") or {}
+    listed = checks.check_models(models, api.served_name, api.max_model_len)
+    if listed.status == checks.FAILED:
+        if "within the timeout" in str(models.get("error") or ""):
+            return Probe.TIMEOUT, listed.message
+        return Probe.NOT_READY, listed.message
+    generated = results.get("generate") or {}
+    live = checks.check_liveness(generated, timeout_s)
+    if live.status == checks.OK:
+        return Probe.OK, live.message
+    if "within the timeout" in str(generated.get("error") or ""):
+        return Probe.TIMEOUT, live.message
+    return Probe.ERROR, live.message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The state file
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def state_to_json(state: GuardState) -> dict[str, object]:
+    data = asdict(state)
+    data["last"] = dict(state.last)
+    return data
+
+
+def state_from_json(data: Mapping[str, object]) -> GuardState:
+    attempts = tuple(Attempt(float(a["at"]), bool(a["ok"]), str(a.get("reason", "")))
+                     for a in data.get("attempts") or [])
+    gave_up_at = data.get("gave_up_at")
+    served_at = data.get("served_at")
+    return GuardState(attempts=attempts, failures_in_row=int(data.get("failures_in_row") or 0),
+                      timeout_strikes=int(data.get("timeout_strikes") or 0),
+                      gave_up_at=float(gave_up_at) if gave_up_at is not None else None,
+                      gave_up_reason=str(data.get("gave_up_reason") or ""), last=dict(data.get("last") or {}),
+                      progress=progress_from_json(data.get("progress")),
+                      served_at=float(served_at) if served_at is not None else None)
+
+
+def progress_from_json(data: object) -> Progress | None:
+    """The saved /metrics progress; None (compare afresh) when absent, as written by an older guard."""
+    if not isinstance(data, Mapping):
+        return None
+
+    def optional(key: str) -> float | None:
+        value = data.get(key)
+        return None if value is None else float(value)
+
+    moved = data.get("moved")
+    return Progress(at=float(data["at"]), tokens=float(data["tokens"]), kv=optional("kv"),
+                    running=float(data["running"]), moved=None if moved is None else bool(moved),
+                    flat_since=optional("flat_since"))
+
+
+
+def active_for_s(props: Mapping[str, str], now_monotonic: float) -> float | None:
+    """Seconds since the unit entered `active`, from ActiveEnterTimestampMonotonic (microseconds, 0 = never)."""
+    try:
+        entered = int(props.get("ActiveEnterTimestampMonotonic") or 0)
+    except ValueError:
+        return None
+    if entered <= 0 or props.get("ActiveState") != "active":
+        return None
+    return max(0.0, now_monotonic - entered / 1e6)

@@ -1,0 +1,202 @@
+"""The pair as the controller sees it: the inventory (read with Ansible's own API) and SSH to its nodes (paramiko).
+
+The one place the controller-side commands (`twinspark health`, `bench`, the playbook verbs) learn which host is
+the head, which the worker, where the pair's API answers and how to reach a node. The head/worker rule itself is
+nodeenv.pair_hosts, which the Ansible filters use too.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinspark import api, nodeenv
+
+HEAD_GROUP = nodeenv.HEAD_GROUP
+WORKER_GROUP = nodeenv.WORKER_GROUP
+
+
+class InventoryError(Exception):
+    """The inventory does not describe a pair this tool can reach (the message says which variable and why)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    role: str
+    host: str
+    port: int
+    user: str
+    key_file: str | None
+    accept_unknown_host_key: bool
+
+
+@dataclass(frozen=True)
+class Pair:
+    head: Node
+    worker: Node
+    api_url: str
+    api_ca: str | None = None
+    """The controller-side file the API's certificate is verified against (twinspark.api.tls_ca_from_inventory);
+    None: the API speaks plain HTTP."""
+
+
+def _accepts_unknown_host_keys(hostvars: Mapping[str, object]) -> bool:
+    """Only an explicit inventory setting lets an unknown host key through (the simulated pair sets one)."""
+    checking = hostvars.get("ansible_host_key_checking", hostvars.get("ansible_ssh_host_key_checking"))
+    if isinstance(checking, bool):
+        return not checking
+    if isinstance(checking, str) and checking.lower() in ("false", "no", "0", "off"):
+        return True
+    args = " ".join(str(hostvars.get(k) or "") for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args"))
+    return "stricthostkeychecking=no" in args.replace(" ", "").lower()
+
+
+def read_inventory(source: str | Path) -> Pair:
+    """The head, the worker and the API URL from an Ansible inventory (any source Ansible reads)."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(source)])
+    variables = VariableManager(loader=loader, inventory=inventory)
+    groups = inventory.get_groups_dict()
+
+    try:
+        head_name, worker_name = nodeenv.pair_hosts(groups)
+    except nodeenv.NodeEnvError as error:
+        raise InventoryError(f"inventory {source}: " + "; ".join(error.problems)) from None
+
+    def node(name: str, role: str) -> tuple[Node, dict[str, object]]:
+        hostvars = variables.get_vars(host=inventory.get_host(name))
+        templar = Templar(loader=loader, variables=hostvars)
+
+        def value(key: str, default: object = None) -> object:
+            raw = hostvars.get(key, default)
+            return templar.template(raw) if isinstance(raw, str) else raw
+
+        key_file = value("ansible_ssh_private_key_file") or value("ansible_private_key_file")
+        settings = {k: value(k) for k in ("ansible_host_key_checking", "ansible_ssh_host_key_checking",
+                                         "ansible_ssh_common_args", "ansible_ssh_extra_args")}
+        found = Node(
+            name=name,
+            role=role,
+            host=str(value("ansible_host") or name),
+            port=int(value("ansible_port") or value("ansible_ssh_port") or 22),
+            user=str(value("ansible_user") or value("ansible_ssh_user") or "root"),
+            key_file=str(Path(str(key_file)).expanduser()) if key_file else None,
+            accept_unknown_host_key=_accepts_unknown_host_keys(settings),
+        )
+        tls = {name: value(name) for name in (api.TLS_CERT_VAR, api.TLS_CA_VAR)}
+        return found, {"value": value, "api_ca": api.tls_ca_from_inventory(tls)}
+
+    head, head_vars = node(head_name, "head")
+    worker, _ = node(worker_name, "worker")
+    port = api_port(head_vars["value"], source)
+    ca = head_vars["api_ca"]
+    return Pair(head=head, worker=worker, api_url=api.base_url(head.host, port, tls=ca is not None), api_ca=ca)
+
+
+def api_port(value: Callable[[str], object], source: str | Path = "the inventory") -> int:
+    """The head's API port as its env file will carry it (twinspark_vllm_port through nodeenv: checked like every
+    knob, the registry default when unset); `value` reads one templated inventory variable of the head."""
+    from twinspark import settings
+
+    registry = settings.load()
+    knob = registry["VLLM_PORT"]
+    profile_var = registry["TWINSPARK_PROFILE"].var
+    try:
+        port = nodeenv.head_setting({knob.var: value(knob.var), profile_var: value(profile_var)}, knob.env, registry)
+    except nodeenv.NodeEnvError as error:
+        raise InventoryError(f"inventory {source}: " + "; ".join(error.problems)) from None
+    return int(port or api.DEFAULT_PORT)
+
+
+class Connection:
+    """One SSH connection to a node (paramiko), closed on exit."""
+
+    def __init__(self, node: Node, timeout: float) -> None:
+        import paramiko
+
+        # paramiko's transport thread logs connection failures with tracebacks; the failure reaches the report
+        # through the exception instead, in one line naming the node.
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
+        logging.getLogger("paramiko").propagate = False
+
+        self.node = node
+        self.timeout = timeout
+        self.client = paramiko.SSHClient()
+        if node.accept_unknown_host_key:
+            # The inventory asked for it explicitly (e.g. StrictHostKeyChecking=no on throwaway nodes).
+            self.client.set_missing_host_key_policy(paramiko.MissingHostKeyPolicy())
+        else:
+            self.client.load_system_host_keys()
+            self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        self.client.connect(node.host, port=node.port, username=node.user, key_filename=node.key_file,
+                            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
+                            look_for_keys=node.key_file is None)
+
+    def start(self, command: str, timeout: float) -> Callable[[], tuple[int, str, str]]:
+        """Start a command on its own channel; the returned function waits for (exit status, stdout, stderr).
+
+        Several commands can run at once over the one connection."""
+        if self.node.user != "root":
+            command = "sudo -n " + command
+        _stdin, stdout, stderr = self.client.exec_command(command, timeout=timeout)
+
+        def finish() -> tuple[int, str, str]:
+            out = stdout.read().decode(errors="replace")
+            err = stderr.read().decode(errors="replace")
+            return stdout.channel.recv_exit_status(), out, err
+
+        return finish
+
+    def run(self, command: str, timeout: float) -> tuple[int, str, str]:
+        return self.start(command, timeout)()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+
+def describe_ssh_error(node: Node, error: Exception) -> str:
+    kind = type(error).__name__
+    where = f"{node.user}@{node.host}:{node.port}"
+    if kind == "SSHException" and "not found in known_hosts" in str(error):
+        return (f"cannot reach {where}: its host key is unknown (add it to known_hosts, or set "
+                "ansible_host_key_checking: false in the inventory for throwaway nodes)")
+    return f"cannot reach {where} over SSH: {kind}: {error}"
+
+
+def read_remote_env(connection: Connection, timeout: float) -> dict[str, str]:
+    """The head's env files, read over SSH into memory (secrets stay in this process)."""
+    from twinspark import envfile
+    from twinspark.health.gather import SECRETS_ENV, SERVE_ENV  # the env files' paths live there, for now
+
+    env: dict[str, str] = {}
+    for path in (SERVE_ENV, SECRETS_ENV):
+        rc, out, _err = connection.run(f"cat {shlex.quote(str(path))}", timeout)
+        if rc == 0:
+            env.update(envfile.parse(out, str(path)).values)
+    return env
+
+
+def default_inventory() -> str:
+    """The inventory ansible.cfg names (its first source), for commands run without -i."""
+    from ansible import constants
+
+    sources = constants.DEFAULT_HOST_LIST
+    return sources[0] if isinstance(sources, list) and sources else str(sources)
+
+
+def head_env(pair: Pair, timeout: float) -> dict[str, str]:
+    """The head's env files over SSH (raises what SSH or reading raised); secrets stay in this process."""
+    with Connection(pair.head, timeout) as connection:
+        return read_remote_env(connection, timeout)
