@@ -36,9 +36,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import atomic, pairlife
+from twinspark import atomic, layout, pairlife
 
-UNIT = "twinspark-vllm.service"
+UNIT = layout.current().unit_vllm
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
 DEFAULT_STATE_FILE = "/var/lib/twinspark-pair-guard/state.json"
 DEFAULT_SSH_KEY = "/etc/twinspark/pair-guard/id_ed25519"

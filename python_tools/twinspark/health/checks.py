@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from twinspark import layout
+
 OK = "ok"
 DEGRADED = "degraded"
 FAILED = "failed"
@@ -21,8 +23,8 @@ STATUS_ORDER = {OK: 0, DEGRADED: 1, FAILED: 2}
 # The node label of checks that concern both nodes (cross-node comparisons) or the serving API of the pair.
 PAIR = "pair"
 
-UNIT = "twinspark-vllm.service"
-JOURNAL_HINT = "journalctl -u twinspark-vllm -n 120"
+UNIT = layout.current().unit_vllm
+JOURNAL_HINT = f"journalctl -u {UNIT.removesuffix('.service')} -n 120"
 START_HINT = "start both ranks in order, worker first: ansible-playbook playbooks/start.yml"
 RESTART_HINT = "restart both ranks, worker first: ansible-playbook playbooks/restart.yml"
 

@@ -16,9 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from twinspark import layout
+
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
-REMOTE_TWINSPARK = "/opt/twinspark/venv/bin/twinspark"
+REMOTE_TWINSPARK = layout.overlay({}, "layout.yml").cli  # the default; a node's own is Node.twinspark
 DEFAULT_API_PORT = 8888
 
 
@@ -35,6 +37,8 @@ class Node:
     user: str
     key_file: str | None
     accept_unknown_host_key: bool
+    twinspark: str = REMOTE_TWINSPARK
+    """The `twinspark` command on the node (the inventory's twinspark_layout_venv)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def read_inventory(source: str | Path) -> Pair:
             user=str(value("ansible_user") or value("ansible_ssh_user") or "root"),
             key_file=str(Path(str(key_file)).expanduser()) if key_file else None,
             accept_unknown_host_key=_accepts_unknown_host_keys(settings),
+            twinspark=layout.from_vars({e.var: value(e.var) for e in layout.entries() if e.var in hostvars}).cli,
         )
         from twinspark import api
 
@@ -189,7 +194,7 @@ def read_remote_env(connection: Connection, timeout: float) -> dict[str, str]:
 def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str, object]]:
     """Start the node's own health check; the returned function waits for its JSON report (or raises
     RuntimeError naming the problem)."""
-    command = (f"{REMOTE_TWINSPARK} health --local --json --no-pair --timeout {timeout:g} "
+    command = (f"{shlex.quote(connection.node.twinspark)} health --local --json --no-pair --timeout {timeout:g} "
                f"--node {shlex.quote(connection.node.name)}")
     finish = connection.start(command, timeout * 3)
     return lambda: _agent_report(connection, *finish())
@@ -197,7 +202,7 @@ def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str
 
 def _agent_report(connection: Connection, rc: int, out: str, err: str) -> dict[str, object]:
     if rc == 127 or "No such file" in err:
-        raise RuntimeError(f"{REMOTE_TWINSPARK} is not installed on {connection.node.name}")
+        raise RuntimeError(f"{connection.node.twinspark} is not installed on {connection.node.name}")
     try:
         report = json.loads(out)
     except ValueError:
