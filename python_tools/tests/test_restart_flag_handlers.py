@@ -19,9 +19,9 @@ from twinspark import generate
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 HANDLERS = {
-    "vllm_service": "vllm_service_restart_flag",
-    "vllm_runtime": "vllm_runtime_restart_marker",
-    "serve_env": "serve_env_restart_marker",
+    "vllm_service": "twinspark_layout_restart_flag",
+    "vllm_runtime": "twinspark_layout_restart_flag",
+    "serve_env": "twinspark_layout_restart_flag",
 }
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the handlers set owner root: run as root")
 

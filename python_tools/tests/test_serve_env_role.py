@@ -128,8 +128,8 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     state.mkdir()
     args = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node2", "-e", "ansible_connection=local",
             "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
-            "-e", f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending",
-            "-e", f"serve_env_cli={TWINSPARK}"]
+            "-e", f"serve_env_dir={etc}", "-e", f"twinspark_layout_restart_flag={state}/restart-pending",
+            "-e", f"twinspark_layout_cli={TWINSPARK}"]
     first = playbook(*args, check=True)
     assert "changed=4" in first.stdout.replace(" ", "")  # directory, two files, restart marker
     assert "twinspark-sim-test-only-key" not in first.stdout + first.stderr
@@ -167,8 +167,8 @@ def test_the_hf_token_never_reaches_secrets_env(tmp_path):
     token = "hf_test_only_token_that_protects_nothing"
     result = playbook("-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node1", "-e", "ansible_connection=local",
                       "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
-                      "-e", f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending",
-                      "-e", f"serve_env_cli={TWINSPARK}", "-e", f"twinspark_hf_token={token}", check=True)
+                      "-e", f"serve_env_dir={etc}", "-e", f"twinspark_layout_restart_flag={state}/restart-pending",
+                      "-e", f"twinspark_layout_cli={TWINSPARK}", "-e", f"twinspark_hf_token={token}", check=True)
     secrets = envfile.read_files([etc / "secrets.env"]).values
     assert secrets["VLLM_API_KEY"] == "twinspark-sim-test-only-key"
     assert "HF_TOKEN" not in secrets
@@ -206,8 +206,8 @@ def test_tls_files_go_to_the_head_only_and_the_key_never_shows(tmp_path):
     (tmp_path / "server.crt").write_text("-----BEGIN CERTIFICATE-----\nmarker\n-----END CERTIFICATE-----\n")
     common = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-e", "ansible_connection=local", "-e",
               "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}", "-e",
-              f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending", "-e",
-              f"serve_env_cli={TWINSPARK}", "-e", f"twinspark_vllm_tls_cert={tmp_path}/server.crt", "-e",
+              f"serve_env_dir={etc}", "-e", f"twinspark_layout_restart_flag={state}/restart-pending", "-e",
+              f"twinspark_layout_cli={TWINSPARK}", "-e", f"twinspark_vllm_tls_cert={tmp_path}/server.crt", "-e",
               f"twinspark_vllm_tls_key={tmp_path}/server.key", "--check", "-v"]
     head = playbook(*common, "-l", "node1", check=True)
     installed = head.stdout.split("TASK [serve_env : Install the API's TLS files on the head]", 1)[1].split("TASK [")[0]
