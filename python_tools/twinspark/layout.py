@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +19,7 @@ from pathlib import Path
 import yaml
 
 VAR_PREFIX = "twinspark_layout_"
+LAYOUT_FILE_ENV = "TWINSPARK_LAYOUT_FILE"
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,20 @@ def overlay(values: Mapping[str, object], source: str) -> Layout:
     return Layout(**merged)
 
 
+def default() -> Layout:
+    """layout.yml's values, without any node file (controller-side tools that read no inventory)."""
+    return overlay({}, "layout.yml")
+
+
 def load(node_file: Path | None = None) -> Layout:
-    """The layout on this node: the defaults, overlaid with the node file when it exists."""
-    path = Path(node_file or defaults()["node_file"])
+    """The layout on this node: the defaults, overlaid with the node file when it exists. TWINSPARK_LAYOUT_FILE
+    names another file (tests, or a tool run against a copy). An account that may not read the file (it lives in
+    the 0750 /etc/twinspark, like serve.env) gets the defaults."""
+    path = Path(node_file or os.environ.get(LAYOUT_FILE_ENV) or defaults()["node_file"])
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return overlay({}, str(path))
+    except (FileNotFoundError, PermissionError):
+        return default()
     try:
         values = json.loads(text)
     except json.JSONDecodeError as error:

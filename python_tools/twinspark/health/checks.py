@@ -313,7 +313,7 @@ def check_knobs(node: str, runtime: Mapping[str, object]) -> CheckResult:
         names = ", ".join(line.split()[0] for line in unread)
         return degraded(node, "knobs", f"set but never read by the installed runtime: {names}",
                         "remove them from the inventory, or install a build that reads them "
-                        "(`twinspark env check --runtime /opt/twinspark/venv FILE...` says why; docs/UPGRADES.md)")
+                        f"(`twinspark env check --runtime {layout.current().venv} FILE...` says why; docs/UPGRADES.md)")
     return ok(node, "knobs", "every set knob is read by the installed runtime")
 
 

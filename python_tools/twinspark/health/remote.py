@@ -20,7 +20,7 @@ from twinspark import layout
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
-REMOTE_TWINSPARK = layout.overlay({}, "layout.yml").cli  # the default; a node's own is Node.twinspark
+REMOTE_TWINSPARK = layout.default().cli  # the default; a node's own is Node.twinspark
 DEFAULT_API_PORT = 8888
 
 
