@@ -87,16 +87,23 @@ def test_the_registry_and_the_layout_type_agree():
     assert [entry.name for entry in layout.entries()] == list(layout.Layout.__dataclass_fields__)
 
 
-def test_every_role_depends_on_the_layout_and_none_redefines_it():
-    """Role vars outrank inventory vars: a role that set twinspark_layout_* itself would shadow an override."""
+def test_every_role_that_uses_the_layout_depends_on_it_and_none_redefines_it():
+    """A role reading twinspark_layout_* must load the role that defines them (a role that uses none of them, such
+    as nvidia_driver, needs not). Role vars outrank inventory vars: a role that set twinspark_layout_* itself would
+    shadow an override."""
+    users = set()
     for role in sorted(p for p in (ROOT / "roles").iterdir() if p.name != "twinspark_layout"):
+        uses = any(layout.VAR_PREFIX in path.read_text() for path in role.rglob("*") if path.is_file())
         meta = yaml.safe_load((role / "meta" / "main.yml").read_text())
-        assert {"role": "twinspark_layout"} in meta["dependencies"], f"{role.name}: depend on twinspark_layout"
+        if uses:
+            users.add(role.name)
+            assert {"role": "twinspark_layout"} in meta["dependencies"], f"{role.name}: depend on twinspark_layout"
         for part in ("defaults", "vars"):
             path = role / part / "main.yml"
             data = yaml.safe_load(path.read_text()) if path.exists() else {}
             shadowing = [key for key in data or {} if key.startswith(layout.VAR_PREFIX)]
             assert not shadowing, f"{path}: {shadowing} belong to role twinspark_layout only"
+    assert {"vllm_runtime", "vllm_service", "serve_env", "model_cache", "health_timer"} <= users
 
 
 # ---- the node side: the file the role writes, laid over the defaults -----------------------------------------------
