@@ -31,17 +31,18 @@ def twinspark_pair_api(env):
             "headers": api.headers(), "keyed": bool(api.api_key), "ca": api.ca}
 
 
-def twinspark_pair_restart_reasons(units, flags, flag_path="restart-pending"):
+def twinspark_pair_restart_reasons(units, flags, flag_path="restart-pending", unit="the rank's unit"):
     """Why the pair needs an ordered restart, one line per reason; empty when it does not.
 
     `units` and `flags` are the registered results of a loop over the nodes (`item` = host name) of
-    ansible.builtin.systemd_service (status only) and ansible.builtin.stat of the restart flag.
+    ansible.builtin.systemd_service (status only) and ansible.builtin.stat of the restart flag; `unit` names the
+    rank's unit in the reasons (twinspark_layout_unit_vllm).
     """
     reasons = []
     for result in units.get("results", []):
         state = (result.get("status") or {}).get("ActiveState", "unknown")
         if state != "active":
-            reasons.append(f"{result['item']}: twinspark-vllm.service is {state}")
+            reasons.append(f"{result['item']}: {unit} is {state}")
     for result in flags.get("results", []):
         if (result.get("stat") or {}).get("exists"):
             reasons.append(f"{result['item']}: {flag_path} (what vLLM runs changed)")

@@ -147,7 +147,8 @@ def test_the_agent_report_comes_back_as_json_over_ssh(sshd_in_netns):
     agent.write_text('#!/bin/sh\nprintf \'{"argv": "%s", "node": {"status": "ok"}}\' "$*"\n')
     agent.chmod(0o755)
     done = client(pid, directory, f"""
-        remote.REMOTE_TWINSPARK = {str(agent)!r}
+        import dataclasses
+        node = dataclasses.replace(node, twinspark={str(agent)!r})  # the inventory's twinspark_layout_venv
         with remote.Connection(node, timeout=10) as connection:
             print(json.dumps(remote.start_agent(connection, 5)()))
     """)

@@ -62,5 +62,5 @@ def test_every_problem_is_named_by_its_inventory_variable():
 
 
 def test_unrelated_project_variables_are_ignored():
-    serve, _ = nodeenv.node_env({"twinspark_health_interval": 30, "vllm_runtime_venv": "/x"}, 0, HEAD, WORKER)
+    serve, _ = nodeenv.node_env({"twinspark_health_interval": 30, "twinspark_layout_venv": "/x"}, 0, HEAD, WORKER)
     assert "twinspark_health_interval" not in serve

@@ -27,7 +27,7 @@ def _migrate(tmp_path: Path) -> dict:
         "name": "Migrate", "hosts": "localhost", "connection": "local", "gather_facts": False,
         "vars": {"vllm_runtime_legacy_restart_flag": str(tmp_path / "state" / "restart-pending"),
                  "vllm_runtime_legacy_key_dir": str(tmp_path / "state" / "ssh"),
-                 "vllm_runtime_restart_marker": str(tmp_path / "control" / "restart-pending")},
+                 "twinspark_layout_restart_flag": str(tmp_path / "control" / "restart-pending")},
         "tasks": [{"name": "The role's migration",
                    "ansible.builtin.import_tasks": str(ROOT / "roles/vllm_runtime/tasks/migrate.yml")}]}]))
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}

@@ -7,6 +7,7 @@ directory; validation on the "node" uses this checkout's own `twinspark` command
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,14 @@ def inventory_vars(source: Path):
     variables = VariableManager(loader=loader, inventory=inventory)
     hostvars = {host.name: variables.get_vars(host=host) for host in inventory.get_hosts()}
     return hostvars, inventory.get_groups_dict()
+
+
+def layout_args(etc: Path, state: Path) -> list[str]:
+    """The env files, the restart flag, the node's layout file and the venv (this checkout's) under tmp_path."""
+    return ["-e", f"serve_env_dir={etc}", "-e", f"twinspark_layout_control_dir={state}",
+            "-e", f"twinspark_layout_restart_flag={state}/restart-pending",
+            "-e", f"twinspark_layout_venv={TWINSPARK.parent.parent}",
+            "-e", f"twinspark_layout_node_file={etc}/layout.json"]
 
 
 def playbook(*args: str, check: bool = False) -> subprocess.CompletedProcess:
@@ -128,10 +137,12 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     state.mkdir()
     args = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node2", "-e", "ansible_connection=local",
             "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
-            "-e", f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending",
-            "-e", f"serve_env_cli={TWINSPARK}"]
+            *layout_args(etc, state)]
     first = playbook(*args, check=True)
-    assert "changed=4" in first.stdout.replace(" ", "")  # directory, two files, restart marker
+    assert "changed=5" in first.stdout.replace(" ", "")  # directory, layout file, two env files, restart marker
+    node_layout = json.loads((etc / "layout.json").read_text())
+    assert node_layout["venv"] == str(TWINSPARK.parent.parent)
+    assert node_layout["restart_flag"] == f"{state}/restart-pending"
     assert "twinspark-sim-test-only-key" not in first.stdout + first.stderr
     serve, secrets = etc / "serve.env", etc / "secrets.env"
     assert serve.stat().st_mode & 0o777 == 0o640
@@ -167,8 +178,7 @@ def test_the_hf_token_never_reaches_secrets_env(tmp_path):
     token = "hf_test_only_token_that_protects_nothing"
     result = playbook("-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node1", "-e", "ansible_connection=local",
                       "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
-                      "-e", f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending",
-                      "-e", f"serve_env_cli={TWINSPARK}", "-e", f"twinspark_hf_token={token}", check=True)
+                      *layout_args(etc, state), "-e", f"twinspark_hf_token={token}", check=True)
     secrets = envfile.read_files([etc / "secrets.env"]).values
     assert secrets["VLLM_API_KEY"] == "twinspark-sim-test-only-key"
     assert "HF_TOKEN" not in secrets
@@ -205,9 +215,8 @@ def test_tls_files_go_to_the_head_only_and_the_key_never_shows(tmp_path):
     (tmp_path / "server.key").write_text(key_text)
     (tmp_path / "server.crt").write_text("-----BEGIN CERTIFICATE-----\nmarker\n-----END CERTIFICATE-----\n")
     common = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-e", "ansible_connection=local", "-e",
-              "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}", "-e",
-              f"serve_env_dir={etc}", "-e", f"serve_env_restart_marker={state}/restart-pending", "-e",
-              f"serve_env_cli={TWINSPARK}", "-e", f"twinspark_vllm_tls_cert={tmp_path}/server.crt", "-e",
+              "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
+              *layout_args(etc, state), "-e", f"twinspark_vllm_tls_cert={tmp_path}/server.crt", "-e",
               f"twinspark_vllm_tls_key={tmp_path}/server.key", "--check", "-v"]
     head = playbook(*common, "-l", "node1", check=True)
     installed = head.stdout.split("TASK [serve_env : Install the API's TLS files on the head]", 1)[1].split("TASK [")[0]

@@ -48,6 +48,7 @@ def test_a_serving_pair_without_flags_needs_no_restart():
 
 def test_a_flag_on_either_node_or_a_rank_down_asks_for_one_ordered_restart():
     reasons = service_filters().twinspark_pair_restart_reasons(units("active", "failed"), flags(False, True),
-                                                              "/var/lib/twinspark/restart-pending")
+                                                              "/var/lib/twinspark/restart-pending",
+                                                              "twinspark-vllm.service")
     assert reasons == ["node2: twinspark-vllm.service is failed",
                        "node2: /var/lib/twinspark/restart-pending (what vLLM runs changed)"]

@@ -12,6 +12,8 @@ import stat
 import sys
 from pathlib import Path
 
+from twinspark import layout
+
 EXIT_OK = 0
 EXIT_STALE = 1
 EXIT_INVALID = 2
@@ -27,8 +29,9 @@ def register(subparsers) -> None:
     check.add_argument("--skip-permissions", action="store_true",
                        help="do not require secrets to come from a 0600 file (for a temporary copy being validated)")
     check.add_argument("--runtime", metavar="DIR",
-                       help="also refuse knobs set in the files that this installed runtime never reads (a venv such "
-                            "as /opt/twinspark/venv, or a runtime directory under /opt/twinspark/runtimes)")
+                       help="also refuse knobs set in the files that this installed runtime never reads (a venv "
+                            f"such as {layout.current().venv}, or a runtime directory under "
+                            f"{layout.current().runtime_root})")
     check.set_defaults(func=cmd_check)
 
     defaults = env_verbs.add_parser("defaults", help="print a complete env file of every default")
@@ -86,7 +89,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         reads = runtimes.reads_of(Path(args.runtime))
         if reads is None:
             problems.append(f"--runtime {args.runtime}: no venv with a vllm package there; give the serving venv "
-                            "(/opt/twinspark/venv) or a directory under /opt/twinspark/runtimes")
+                            f"({layout.current().venv}) or a directory under {layout.current().runtime_root}")
         else:
             problems += runtimes.unread_knobs(read.values, reads)
     for line in problems:

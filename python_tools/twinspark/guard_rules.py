@@ -3,8 +3,9 @@
 `assess` judges one observation (both units, the one-token probe, vLLM's counters on /metrics); `decide` turns a
 verdict and the remembered state into an action (none, wait, restart, give up) with backoff; `after_restart`
 records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a busy pair is told
-from a stalled one. No systemctl, SSH, HTTP, clock or file here: pairguard.py does the I/O and hands these
-functions what it saw (roles/vllm_service/README.md describes the faults they answer).
+from a stalled one. No systemctl, SSH, HTTP or clock here (the one file read is the node's layout, once, at import,
+for the rank's unit name): pairguard.py does the I/O and hands these functions what it saw
+(roles/vllm_service/README.md describes the faults they answer).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 from twinspark import api as head_api
+from twinspark import layout
 
-UNIT = "twinspark-vllm.service"  # moved here with the rules that name it; pairguard.py imports it
+UNIT = layout.current().unit_vllm  # the rank's unit on this node (layout.yml, overlaid by the node file)
 RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
 
 # systemd states in which a unit is on its way somewhere: judge it on a later run.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinspark import api, nodeenv
+from twinspark import api, layout, nodeenv
 
 HEAD_GROUP = nodeenv.HEAD_GROUP
 WORKER_GROUP = nodeenv.WORKER_GROUP
@@ -21,6 +21,9 @@ WORKER_GROUP = nodeenv.WORKER_GROUP
 
 class InventoryError(Exception):
     """The inventory does not describe a pair this tool can reach (the message says which variable and why)."""
+
+
+REMOTE_TWINSPARK = layout.default().cli  # the default; a node's own is Node.twinspark
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Node:
     user: str
     key_file: str | None
     accept_unknown_host_key: bool
+    twinspark: str = REMOTE_TWINSPARK
+    """The `twinspark` command on the node (the inventory's twinspark_layout_venv)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,7 @@ def read_inventory(source: str | Path) -> Pair:
             user=str(value("ansible_user") or value("ansible_ssh_user") or "root"),
             key_file=str(Path(str(key_file)).expanduser()) if key_file else None,
             accept_unknown_host_key=_accepts_unknown_host_keys(settings),
+            twinspark=layout.from_vars({e.var: value(e.var) for e in layout.entries() if e.var in hostvars}).cli,
         )
         tls = {name: value(name) for name in (api.TLS_CERT_VAR, api.TLS_CA_VAR)}
         return found, {"value": value, "api_ca": api.tls_ca_from_inventory(tls)}

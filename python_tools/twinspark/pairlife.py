@@ -25,8 +25,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from twinspark import layout
+
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
-KICK_SOCKET = "twinspark-pair-guard-kick.socket"
+KICK_SOCKET = layout.current().unit_pair_guard_kick
 SD_LISTEN_FDS_START = 3
 # A run never reads more than this many datagrams: a flood cannot keep the guard reading instead of looking.
 MAX_DRAIN = 4096
@@ -193,7 +195,7 @@ class KickInbox:
 # The lifecycle lock (issue 13): one flock on the head, taken by everything that starts, stops or changes the pair
 # ---------------------------------------------------------------------------------------------------------------
 
-DEFAULT_CONTROL_DIR = "/var/lib/twinspark-control"  # root-only (0700), made by role vllm_service
+DEFAULT_CONTROL_DIR = layout.current().control_dir  # root-only (0700), made by roles vllm_runtime and vllm_service
 DEFAULT_LOCK_FILE = f"{DEFAULT_CONTROL_DIR}/pair.lock"
 DEFAULT_LOCK_TIMEOUT_S = 120.0
 MAX_HOLDER_BYTES = 4096
@@ -294,7 +296,7 @@ def steps(verb: str, head_state: str | None = None, worker_state: str | None = N
 # ---------------------------------------------------------------------------------------------------------------
 
 DEFAULT_PAUSE_FILE = f"{DEFAULT_CONTROL_DIR}/pair-guard.paused"
-GUARD_SERVICE = "twinspark-pair-guard.service"
+GUARD_SERVICE = layout.current().unit_pair_guard
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from twinspark import patching
+from twinspark import layout, patching
 
 PACKAGE = "twinspark"
 
@@ -236,7 +236,7 @@ def _check_command(args: argparse.Namespace) -> int:
             import vllm  # noqa: F401
         except ImportError as exc:
             print(f"{name}: vLLM is not importable here ({exc}); run it with the serving venv's python "
-                  "(/opt/twinspark/venv/bin/twinspark)", file=sys.stderr)
+                  f"({layout.current().cli})", file=sys.stderr)
             return 1
         report = vllmcheck.check(argv, hf_config, capability, args.assume_kernels)
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")

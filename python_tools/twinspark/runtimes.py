@@ -41,7 +41,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_ROOT = "/opt/twinspark/runtimes"
+from twinspark import layout
+
+DEFAULT_ROOT = layout.current().runtime_root
 CURRENT = "current"
 PREVIOUS = "previous"
 COMPLETE = "runtime.json"

@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from twinspark import layout
+
 BYTES_PER_GB = 1e9
 ELEMENT_BYTES = 4  # float32
 GB10_THRESHOLD_GBPS = 21.875
@@ -245,7 +247,8 @@ def main(args) -> int:
             timeout_s=args.timeout,
         )
     except ImportError as error:
-        print(f"twinspark fabric bench: torch is not importable here ({error}); run it from /opt/twinspark/venv",
+        print(f"twinspark fabric bench: torch is not importable here ({error}); run it from "
+              f"{layout.current().venv}",
               file=sys.stderr)
         return 1
     except (RuntimeError, OSError) as error:

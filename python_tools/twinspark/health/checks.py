@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from twinspark import layout
+
 OK = "ok"
 DEGRADED = "degraded"
 FAILED = "failed"
@@ -21,8 +23,8 @@ STATUS_ORDER = {OK: 0, DEGRADED: 1, FAILED: 2}
 # The node label of checks that concern both nodes (cross-node comparisons) or the serving API of the pair.
 PAIR = "pair"
 
-UNIT = "twinspark-vllm.service"
-JOURNAL_HINT = "journalctl -u twinspark-vllm -n 120"
+UNIT = layout.current().unit_vllm
+JOURNAL_HINT = f"journalctl -u {UNIT.removesuffix('.service')} -n 120"
 START_HINT = "start both ranks in order, worker first: ansible-playbook playbooks/start.yml"
 RESTART_HINT = "restart both ranks, worker first: ansible-playbook playbooks/restart.yml"
 
@@ -313,7 +315,7 @@ def check_knobs(node: str, runtime: Mapping[str, object]) -> CheckResult:
         names = ", ".join(line.split()[0] for line in unread)
         return degraded(node, "knobs", f"set but never read by the installed runtime: {names}",
                         "remove them from the inventory, or install a build that reads them "
-                        "(`twinspark env check --runtime /opt/twinspark/venv FILE...` says why; docs/UPGRADES.md)")
+                        f"(`twinspark env check --runtime {layout.current().venv} FILE...` says why; docs/UPGRADES.md)")
     return ok(node, "knobs", "every set knob is read by the installed runtime")
 
 

@@ -17,12 +17,12 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from twinspark import systemd
+from twinspark import layout, systemd
 
 SERVE_ENV = Path("/etc/twinspark/serve.env")
 SECRETS_ENV = Path("/etc/twinspark/secrets.env")
-STATE_DIR = Path("/var/lib/twinspark")
-UNIT = "twinspark-vllm.service"
+STATE_DIR = Path(layout.current().state_dir)
+UNIT = layout.current().unit_vllm
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "Result",
                    "ExecMainStatus", "ActiveEnterTimestamp")
 DEFAULT_PORT = 8888

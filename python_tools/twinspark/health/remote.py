@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 # The inventory and SSH live in twinspark.inventory; these names stay importable from here for existing callers.
 from twinspark.inventory import (  # noqa: F401
+    REMOTE_TWINSPARK,
     Connection,
     InventoryError,
     Node,
@@ -25,13 +26,11 @@ from twinspark.inventory import (  # noqa: F401
     read_remote_env,
 )
 
-REMOTE_TWINSPARK = "/opt/twinspark/venv/bin/twinspark"
-
 
 def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str, object]]:
     """Start the node's own health check; the returned function waits for its JSON report (or raises
     RuntimeError naming the problem)."""
-    command = (f"{REMOTE_TWINSPARK} health --local --json --no-pair --timeout {timeout:g} "
+    command = (f"{shlex.quote(connection.node.twinspark)} health --local --json --no-pair --timeout {timeout:g} "
                f"--node {shlex.quote(connection.node.name)}")
     finish = connection.start(command, timeout * 3)
     return lambda: _agent_report(connection, *finish())
@@ -39,7 +38,7 @@ def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str
 
 def _agent_report(connection: Connection, rc: int, out: str, err: str) -> dict[str, object]:
     if rc == 127 or "No such file" in err:
-        raise RuntimeError(f"{REMOTE_TWINSPARK} is not installed on {connection.node.name}")
+        raise RuntimeError(f"{connection.node.twinspark} is not installed on {connection.node.name}")
     try:
         report = json.loads(out)
     except ValueError:

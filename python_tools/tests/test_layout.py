@@ -1,0 +1,240 @@
+"""The shared node layout (issue 13): python_tools/twinspark/layout.yml is the one place the venv path, the restart
+flag and the unit names are written; role twinspark_layout is generated from it and every role depends on it, and
+twinspark/layout.py reads it (with the node's layout file laid over it). Overriding one value once in an inventory
+moves every role, every playbook and the Python tools: one test each for the restart flag, the venv and a unit name.
+
+Everything here runs on this machine: the units are rendered by scripts/render-units (connection local), the handler
+runs against a temporary directory, and the inventory copies have stand-in hosts that are never contacted.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twinspark import generate, layout
+
+ROOT = generate.repo_root()
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+DEFAULTS = layout.defaults()
+# The layout role itself and the registry are the defining places; tests, molecule (the simulated pair's test
+# scenario) and prose are not searched.
+DEFINING = {"python_tools/twinspark/layout.yml", "roles/twinspark_layout/defaults/main.yml",
+            "roles/twinspark_layout/meta/argument_specs.yml"}
+NOT_SEARCHED = ("python_tools/tests/", "molecule/", "docs/")
+
+OVERRIDE_VENV = "/srv/other-venv"
+OVERRIDE_UNIT = "other-rank.service"
+
+
+def _code_lines(path: Path, text: str) -> list[str]:
+    """The lines of a file that are code, not prose: comment lines and Python docstrings dropped."""
+    lines = text.splitlines()
+    prose: set[int] = set()
+    if path.suffix == ".py" or text.startswith("#!/usr/bin/env python"):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            tree = None
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                        and isinstance(first.value.value, str):
+                    prose.update(range(first.lineno, first.end_lineno + 1))
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:  # a comment after code: keep the code, drop the comment
+                row, col = token.start
+                lines[row - 1] = lines[row - 1][:col]
+    else:
+        prose = {i for i, line in enumerate(lines, 1) if line.lstrip().startswith(("#", "{#"))}
+    return [line for i, line in enumerate(lines, 1) if i not in prose]
+
+
+def _places(literal: str) -> set[str]:
+    files = subprocess.run(["git", "grep", "-l", "-F", literal], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60, check=False).stdout.split()
+    found = set()
+    for rel in files:
+        if rel.startswith(NOT_SEARCHED) or rel.endswith(".md"):
+            continue
+        path = ROOT / rel
+        # A template's file name (`src: twinspark-vllm.service.j2`) is not the unit's name.
+        code = [line.replace(f"{literal}.j2", "") for line in _code_lines(path, path.read_text(encoding="utf-8"))]
+        if any(literal in line for line in code):
+            found.add(rel)
+    return found
+
+
+@pytest.mark.parametrize("name", ["restart_flag", "venv", "unit_vllm"])
+def test_each_default_is_written_in_one_place_per_side(name):
+    assert _places(DEFAULTS[name]) == DEFINING, (
+        f"{DEFAULTS[name]} is spelled outside the layout; use twinspark_layout_{name} (YAML) or "
+        f"twinspark.layout (Python)")
+
+
+def test_the_registry_and_the_layout_type_agree():
+    assert [entry.name for entry in layout.entries()] == list(layout.Layout.__dataclass_fields__)
+
+
+def test_every_role_that_uses_the_layout_depends_on_it_and_none_redefines_it():
+    """A role reading twinspark_layout_* must load the role that defines them (a role that uses none of them, such
+    as nvidia_driver, needs not). Role vars outrank inventory vars: a role that set twinspark_layout_* itself would
+    shadow an override."""
+    users = set()
+    for role in sorted(p for p in (ROOT / "roles").iterdir() if p.name != "twinspark_layout"):
+        uses = any(layout.VAR_PREFIX in path.read_text() for path in role.rglob("*") if path.is_file())
+        meta = yaml.safe_load((role / "meta" / "main.yml").read_text())
+        if uses:
+            users.add(role.name)
+            assert {"role": "twinspark_layout"} in meta["dependencies"], f"{role.name}: depend on twinspark_layout"
+        for part in ("defaults", "vars"):
+            path = role / part / "main.yml"
+            data = yaml.safe_load(path.read_text()) if path.exists() else {}
+            shadowing = [key for key in data or {} if key.startswith(layout.VAR_PREFIX)]
+            assert not shadowing, f"{path}: {shadowing} belong to role twinspark_layout only"
+    assert {"vllm_runtime", "vllm_service", "serve_env", "model_cache", "health_timer"} <= users
+
+
+# ---- the node side: the file the role writes, laid over the defaults -----------------------------------------------
+
+
+def test_the_node_file_overlays_the_defaults(tmp_path):
+    node_file = tmp_path / "layout.json"
+    node_file.write_text(json.dumps({"venv": OVERRIDE_VENV, "unit_vllm": OVERRIDE_UNIT}))
+    got = layout.load(node_file)
+    assert (got.venv, got.cli, got.unit_vllm) == (OVERRIDE_VENV, f"{OVERRIDE_VENV}/bin/twinspark", OVERRIDE_UNIT)
+    assert got.restart_flag == DEFAULTS["restart_flag"]
+    assert layout.load(tmp_path / "absent.json") == layout.default()
+
+
+def test_a_bad_node_file_names_itself_and_the_fix(tmp_path):
+    node_file = tmp_path / "layout.json"
+    node_file.write_text("{not json")
+    with pytest.raises(ValueError, match=r"layout.json: not JSON .*rerun site.yml"):
+        layout.load(node_file)
+    node_file.write_text(json.dumps({"venvv": "/x"}))
+    with pytest.raises(ValueError, match="unknown layout key 'venvv'"):
+        layout.load(node_file)
+
+
+def _tools_on_a_node(tmp_path: Path, values: dict[str, str]) -> dict[str, str]:
+    """What the Python tools use, imported fresh in a process whose node file holds `values`."""
+    node_file = tmp_path / "node-layout.json"
+    node_file.write_text(json.dumps(values))
+    code = (
+        "import json\n"
+        "from twinspark import envcli, pairguard, pairlife, runtimes\n"
+        "from twinspark.health import checks, gather\n"
+        "print(json.dumps({'pairguard': pairguard.UNIT, 'checks': checks.UNIT, 'gather': gather.UNIT,\n"
+        "  'journal': checks.JOURNAL_HINT, 'guard': pairlife.GUARD_SERVICE, 'lock': pairlife.DEFAULT_LOCK_FILE,\n"
+        "  'runtimes': runtimes.DEFAULT_ROOT}))\n"
+    )
+    env = {**os.environ, layout.LAYOUT_FILE_ENV: str(node_file)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                            check=True)
+    return json.loads(result.stdout)
+
+
+def _inventory_copy(tmp_path: Path, overrides: dict[str, str]) -> Path:
+    """The simulated pair's inventory values (read only, its hosts are never contacted) plus `overrides` in one
+    group_vars file, as an operator would set them."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventory" / "sim", inventory)
+    (inventory / "group_vars" / "all" / "layout.yml").write_text(yaml.safe_dump(overrides))
+    return inventory
+
+
+def _render(tmp_path: Path, overrides: dict[str, str]) -> dict[str, str]:
+    """Every unit and script of roles vllm_service, health_timer and model_cache, rendered for both nodes."""
+    out = tmp_path / "rendered"
+    result = subprocess.run([str(ROOT / "scripts" / "render-units"), str(_inventory_copy(tmp_path, overrides)),
+                             str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr
+    return {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+
+
+def _controller_cli(tmp_path: Path, overrides: dict[str, str]) -> str:
+    from twinspark.health import remote
+
+    return remote.read_inventory(_inventory_copy(tmp_path / "controller", overrides)).head.twinspark
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_overriding_the_venv_once_moves_roles_playbooks_and_tools(tmp_path):
+    rendered = _render(tmp_path, {"twinspark_layout_venv": OVERRIDE_VENV})
+    units = {name: text for name, text in rendered.items() if name.endswith((".service", ".timer", ".socket"))}
+    for node in ("node1", "node2"):
+        rank_unit = units[f"{node}/twinspark-vllm.service"]
+        assert f"ExecStart={OVERRIDE_VENV}/bin/python -I -m twinspark.cli serve" in rank_unit
+    assert f"{OVERRIDE_VENV}/bin/twinspark pair guard" in units["node1/twinspark-pair-guard.service"]
+    assert f"ExecStart={OVERRIDE_VENV}/bin/python -I -m twinspark.cli health" in units["node1/twinspark-health.service"]
+    stale = [name for name, text in rendered.items() if DEFAULTS["venv"] in text]
+    assert not stale, f"still {DEFAULTS['venv']}: {stale}"
+    # The controller's health sweep runs the node's twinspark from the inventory's venv.
+    assert _controller_cli(tmp_path, {"twinspark_layout_venv": OVERRIDE_VENV}) == f"{OVERRIDE_VENV}/bin/twinspark"
+    # And on the node, the file the role writes moves the tools.
+    assert layout.load(_write(tmp_path, {"venv": OVERRIDE_VENV})).python == f"{OVERRIDE_VENV}/bin/python"
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_overriding_the_rank_unit_once_moves_roles_playbooks_and_tools(tmp_path):
+    rendered = _render(tmp_path, {"twinspark_layout_unit_vllm": OVERRIDE_UNIT})
+    assert f"Before=network-pre.target {OVERRIDE_UNIT}" in rendered["node1/twinspark-firewall.service"]
+    assert f"unit={OVERRIDE_UNIT}" in rendered["node2/twinspark-peer-control"]
+    for name, text in rendered.items():
+        code = "\n".join(_code_lines(Path(name), text))
+        assert DEFAULTS["unit_vllm"] not in code, f"{name} still names {DEFAULTS['unit_vllm']}"
+    tools = _tools_on_a_node(tmp_path, {"unit_vllm": OVERRIDE_UNIT})
+    assert (tools["pairguard"], tools["checks"], tools["gather"]) == (OVERRIDE_UNIT,) * 3
+    assert tools["journal"] == "journalctl -u other-rank -n 120"
+
+
+@pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists() or os.geteuid() != 0,
+                    reason="the handler sets owner root: needs ansible-playbook and root")
+def test_overriding_the_restart_flag_once_moves_the_handler_the_check_and_tools(tmp_path):
+    control = tmp_path / "control"
+    control.mkdir(mode=0o700)
+    flag = control / "pending-restart"
+    overrides = {"twinspark_layout_control_dir": str(control), "twinspark_layout_restart_flag": str(flag)}
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars" / "all").mkdir(parents=True)
+    (inventory / "group_vars" / "all" / "layout.yml").write_text(yaml.safe_dump(overrides))
+    (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "children": {"twinspark_pair": {"children": {"twinspark_head": {"hosts": {"node1": None}},
+                                                     "twinspark_worker": {"hosts": {"node2": None}}}}}}}))
+    # Any role's change notifies the one handler by name; it marks the inventory's flag, and the serving role's
+    # restart check (tasks/_pair_facts.yml) looks at the same variable.
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "name": "A role changed what vLLM runs", "hosts": "node1", "gather_facts": False,
+        "roles": [{"role": "twinspark_layout"}],
+        "tasks": [{"name": "A change", "ansible.builtin.command": "true", "changed_when": True,
+                   "notify": "Mark the pair for an ordered restart"}]}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert flag.exists() and (flag.stat().st_mode & 0o777) == 0o600
+    facts = yaml.safe_load((ROOT / "roles" / "vllm_service" / "tasks" / "_pair_facts.yml").read_text())
+    assert any(task.get("ansible.builtin.stat", {}).get("path") == "{{ twinspark_layout_restart_flag }}"
+               for task in facts)
+    tools = _tools_on_a_node(tmp_path, {"control_dir": str(control), "restart_flag": str(flag)})
+    assert tools["lock"] == f"{control}/pair.lock"
+
+
+def _write(tmp_path: Path, values: dict[str, str]) -> Path:
+    path = tmp_path / "written-layout.json"
+    path.write_text(json.dumps(values))
+    return path
