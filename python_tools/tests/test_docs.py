@@ -33,10 +33,7 @@ OUTSIDE_DOCS = re.compile(r"\b(?:RECIPE|SIM)\.md\b|\bRECIPE\b")
 # vLLM's own files, named by the patches and the settings that describe what vLLM does: not repository files.
 UPSTREAM_NAMES = frozenset({"authenticate.py", "grpc_server.py", "shm_broadcast.py", "flashinfer_sparse.py"})
 # Files that still cite an outside document and are rewritten by a change in flight elsewhere, each with why.
-PENDING_CITATIONS: dict[str, str] = {
-    "roles/model_cache/handlers/main.yml": "the shared-layout change (issue 13) replaces this handler with the "
-                                           "shared role's one; roles/ is that change's to edit",
-}
+PENDING_CITATIONS: dict[str, str] = {}
 # Paths that are named on purpose although they are not in the repository, each with its reason.
 ALLOWED: dict[str, str] = {
     "inventory/<site>/group_vars/all/vault.yml": "the operator creates it with ansible-vault (README.md)",
