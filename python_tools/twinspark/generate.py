@@ -231,20 +231,20 @@ def argument_specs(registry: Registry) -> str:
         options[knob.var] = option
     for name, spec in SERVE_ENV_ROLE_OPTIONS.items():
         options[name] = {"type": spec["type"], "default": spec["default"], "description": spec["description"]}
-    document = {
-        "argument_specs": {
-            "main": {
-                "short_description": "Render each node's /etc/twinspark/serve.env and secrets.env from the inventory",
-                "description": [
-                    "Knob options are generated from the registry; values are validated in full by the",
-                    "twinspark_node_env filter (playbooks/validate.yml) before any host is touched.",
-                ],
-                "options": options,
-            }
-        }
-    }
-    body = yaml.dump(document, Dumper=_IndentedDumper, sort_keys=False, width=120, allow_unicode=True)
-    return f"---\n# {GENERATED_BY}\n{body}"
+    return _argument_specs_file(
+        GENERATED_BY, "Render each node's /etc/twinspark/serve.env and secrets.env from the inventory",
+        ["Knob options are generated from the registry; values are validated in full by the",
+         "twinspark_node_env filter (playbooks/validate.yml) before any host is touched."],
+        options, width=120)
+
+
+def _argument_specs_file(generated_by: str, short: str, description: list[str], options: dict[str, object],
+                         width: int) -> str:
+    """A role's meta/argument_specs.yml: one `main` entry point with these options."""
+    document = {"argument_specs": {"main": {"short_description": short, "description": description,
+                                            "options": options}}}
+    body = yaml.dump(document, Dumper=_IndentedDumper, sort_keys=False, width=width, allow_unicode=True)
+    return f"---\n# {generated_by}\n{body}"
 
 
 def layout_defaults(entries: tuple[layout.Entry, ...]) -> str:
@@ -266,20 +266,11 @@ def layout_defaults(entries: tuple[layout.Entry, ...]) -> str:
 def layout_argument_specs(entries: tuple[layout.Entry, ...]) -> str:
     options = {entry.var: {"type": entry.type, "default": entry.default, "description": entry.doc}
                for entry in entries}
-    document = {
-        "argument_specs": {
-            "main": {
-                "short_description": "The node layout every TwinSpark role shares (paths, unit names, pair id)",
-                "description": [
-                    "Generated from python_tools/twinspark/layout.yml, which twinspark/layout.py reads too.",
-                    "Every other role depends on this one; set a value once in the inventory.",
-                ],
-                "options": options,
-            }
-        }
-    }
-    body = yaml.dump(document, Dumper=_IndentedDumper, sort_keys=False, width=100, allow_unicode=True)
-    return f"---\n# {LAYOUT_GENERATED_BY}\n{body}"
+    return _argument_specs_file(
+        LAYOUT_GENERATED_BY, "The node layout every TwinSpark role shares (paths, unit names, pair id)",
+        ["Generated from python_tools/twinspark/layout.yml, which twinspark/layout.py reads too.",
+         "Every other role depends on this one; set a value once in the inventory."],
+        options, width=100)
 
 
 def outputs(registry: Registry | None = None) -> dict[Path, str]:
