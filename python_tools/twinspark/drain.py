@@ -55,7 +55,7 @@ def _http_url(value: str, env: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") \
             or parsed.query or parsed.fragment:
         raise ValueError(f"{env}={value!r} is not a base URL like http://10.0.0.5:30000; set "
-                         f"twinspark_{env.lower()} in the inventory and render the env files with site.yml")
+                         f"{env.lower()} in the inventory and render the env files with site.yml")
     return value.rstrip("/")
 
 
@@ -69,7 +69,7 @@ def router_from_env(env: Mapping[str, str], key: str | None) -> RouterRef | None
     pair = (env.get(PAIR_URL_ENV) or "").strip()
     if not pair:
         raise ValueError(f"{ROUTER_URL_ENV} is set but {PAIR_URL_ENV} is empty: the drain cannot tell the router "
-                         f"which pair to take out; set twinspark_{PAIR_URL_ENV.lower()} to this pair's entry in "
+                         f"which pair to take out; set {PAIR_URL_ENV.lower()} to this pair's entry in "
                          "the router's --worker-urls")
     return RouterRef(_http_url(router, ROUTER_URL_ENV), _http_url(pair, PAIR_URL_ENV), key)
 
