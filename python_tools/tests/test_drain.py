@@ -166,15 +166,17 @@ def test_without_a_router_only_the_work_runs_and_nothing_is_said():
 class RoutedHead:
     """A pair whose units, worker and API are stood in for, behind a recorded router."""
 
-    def __init__(self, head_state="active", worker_state="active", serves=True):
+    def __init__(self, head_state="active", worker_state="active", serves=True, add_answer=(200, "ok")):
         self.calls: list[str] = []
+        self.add_answer = add_answer
         self.states = {"head": head_state, "worker": worker_state}
         self.serves = serves
         self.router = drain.Router(drain.RouterRef("http://r:1", "http://p:1", "k"), post=self._post)
 
     def _post(self, path, _timeout_s):
-        self.calls.append(f"router {path.split('_worker')[0].lstrip('/')}")
-        return 200, "ok"
+        verb = path.split("_worker")[0].lstrip("/")
+        self.calls.append(f"router {verb}")
+        return self.add_answer if verb == "add" else (200, "ok")
 
     def head_props(self):
         return {"ActiveState": self.states["head"]}
@@ -276,3 +278,17 @@ def test_the_env_files_name_the_router_or_leave_it_out(tmp_path: Path):
     assert pair_of(plain).router is None
     ref = pair_of(routed_env).router.ref
     assert (ref.url, ref.pair_url) == ("http://127.0.0.1:30000", "http://10.0.0.1:8000")
+
+
+def test_rejoin_of_a_pair_the_router_lists_already_is_no_change(routed, capsys):
+    # what the playbooks' changed_when reads: a site.yml run that restarted nothing changes nothing
+    routed["head"] = RoutedHead(add_answer=(400, "Worker http://p:1 already exists"))
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 0
+    assert routed["head"].calls == ["router add"]
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def test_rejoin_says_so_when_the_router_does_not_take_the_pair(routed, capsys):
+    routed["head"] = RoutedHead(add_answer=(None, "ConnectionRefusedError"))
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
+    assert "cannot be reached" in capsys.readouterr().err
