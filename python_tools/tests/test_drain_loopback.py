@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture()
 def drill():
-    # 0.1 s per request, so that requests are in flight on the pair when it is taken out
-    with routerdrill.Drill(PYTHON, delay_s=0.1) as running:
+    # 0.25 s per request, so that requests are usually in flight on the pair when it is taken out
+    with routerdrill.Drill(PYTHON, delay_s=0.25) as running:
         yield running
 
 
@@ -32,7 +32,7 @@ def _listed(drill) -> str:
     return text
 
 
-def _drained_restart(drill, victim: str, gave_up: bool, total: int = 160, at: int = 40):
+def _drained_restart(drill, victim: str, gave_up: bool, total: int = 120, at: int = 30):
     """A client loop; after `at` answers, `drained` takes the victim out, restarts it, and decides on putting it
     back. Returns (loop figures, what drained said, the victim's probe after the restart)."""
     ref = drain.RouterRef(drill.base, drill.url(victim), routerdrill.KEY)
