@@ -199,6 +199,9 @@ class RoutedHead:
     def probe(self, timeout_s):
         return (Probe.OK, "one token") if self.serves else (Probe.TIMEOUT, "no token")
 
+    def observe(self, probe_timeout_s, policy=None, state=None):
+        return pg.Observation(self.states["head"], self.states["worker"], Probe.SKIPPED, "", 0.0, ())
+
 
 @pytest.fixture
 def routed(tmp_path: Path, monkeypatch):
@@ -292,3 +295,29 @@ def test_rejoin_says_so_when_the_router_does_not_take_the_pair(routed, capsys):
     routed["head"] = RoutedHead(add_answer=(None, "ConnectionRefusedError"))
     assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
     assert "cannot be reached" in capsys.readouterr().err
+
+
+def test_an_operators_restart_of_a_pair_the_guard_gave_up_on_puts_it_back_once_it_serves(routed):
+    from twinspark.guard_rules import GuardState
+
+    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    assert cli.main(["pair", "restart", *routed["args"]]) == 0
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS, "router add"]
+    assert pg.load_state(Path(routed["state"])).gave_up_at is None
+
+
+def test_the_guard_never_restarts_nor_puts_back_a_pair_it_gave_up_on(routed, monkeypatch):
+    from twinspark.guard_rules import GuardState
+
+    routed["head"] = RoutedHead(head_state="failed", serves=False)
+    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    cli.main(["pair", "guard", *routed["args"]])
+    assert routed["head"].calls == []
+
+
+def test_a_guard_restart_that_does_not_serve_takes_the_pair_out_and_leaves_it_out(routed, monkeypatch):
+    routed["head"] = RoutedHead(head_state="failed", serves=False)
+    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    cli.main(["pair", "guard", *routed["args"]])
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS]

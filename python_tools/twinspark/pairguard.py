@@ -325,7 +325,9 @@ def _drain_timeout(args: argparse.Namespace) -> float:
 
 
 def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
-                 ) -> tuple[GuardState, bool]:
+                 by_operator: bool = False) -> tuple[GuardState, bool]:
+    """One ordered restart, drained from the router when the pair has one. `by_operator`: a restart that clears
+    a give-up when it works, so a pair that serves again goes back in even if the guard had given up on it."""
     started_at = time.time()
     box: dict[str, object] = {}
 
@@ -336,7 +338,7 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
             ok, outcome = False, f"restart step failed: {exc}"
         after = after_restart(state, started_at, ok, f"{reason} -> {outcome}", policy, finished_at=time.time())
         box.update(ok=ok, outcome=outcome, state=after)
-        return drain.WorkResult(served=ok, gave_up=after.gave_up_at is not None)
+        return drain.WorkResult(served=ok, gave_up=after.gave_up_at is not None and not by_operator)
 
     drain.drained(_router_of(pair), work, log, lambda: pair.metrics(), _drain_timeout(args))
     ok, outcome, state = bool(box["ok"]), str(box["outcome"]), box["state"]  # type: ignore[assignment]
@@ -470,7 +472,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     state_path = Path(args.state_file)
     try:
         with pairlife.lifecycle_lock(args.lock_file, "twinspark pair restart", args.lock_timeout):
-            state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
+            state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator",
+                                     by_operator=True)
             if ok:
                 state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
             save_state(state_path, state)
