@@ -321,3 +321,23 @@ def test_a_guard_restart_that_does_not_serve_takes_the_pair_out_and_leaves_it_ou
     monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
     cli.main(["pair", "guard", *routed["args"]])
     assert routed["head"].calls == ["router remove", "metrics", *STEPS]
+
+
+def test_a_pair_whose_metrics_do_not_answer_is_not_waited_for():
+    rec = Recorder()
+    now = {"t": 0.0}
+    _, lines = drain.drained(_router(rec), lambda: drain.WorkResult(True), lambda _p, _m: None,
+                             lambda: {"error": "ConnectionRefusedError", "unreachable": True}, idle_timeout_s=120,
+                             clock=lambda: now["t"], sleep=lambda s: pytest.fail("no wait for a pair that is gone"))
+    assert lines[1] == "cannot tell whether the pair is idle (ConnectionRefusedError); going on"
+    assert rec.calls == ["router remove", "router add"]
+
+
+def test_the_guard_does_not_wait_for_requests_on_a_pair_it_judged_broken(routed, monkeypatch):
+    head = RoutedHead(head_state="failed")
+    head.metrics = lambda timeout_s=10.0: head.calls.append("metrics") or {"running": 3.0, "waiting": 0.0}
+    routed["head"] = head
+    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    cli.main(["pair", "guard", *routed["args"]])
+    # one reading only: a wait would read again (and again) until --drain-timeout
+    assert head.calls == ["router remove", "metrics", *STEPS, "router add"]

@@ -152,17 +152,20 @@ class Router:
 def wait_idle(read_metrics: Callable[[], Mapping[str, object]], timeout_s: float,
               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
               poll_s: float = 0.5) -> tuple[bool, str]:
-    """Poll the pair's /metrics until it shows no request (True) or `timeout_s` passes (False); one line."""
+    """Poll the pair's /metrics until it shows no request (True) or `timeout_s` passes (False); one line.
+
+    A /metrics that does not answer, or answers without vLLM's counters, ends the wait at once: such a pair is not
+    serving anything that waiting would save, and waiting would only delay its repair."""
     started = clock()
-    last = "no reading"
     while True:
         metrics = read_metrics()
         verdict = idle(metrics)
         waited = clock() - started
         if verdict:
             return True, f"the pair is idle after {waited:.1f} s"
-        last = (str(metrics.get("error")) if verdict is None
-                else f"{metrics.get('running') or 0:.0f} running, {metrics.get('waiting') or 0:.0f} waiting")
+        if verdict is None:
+            return False, f"cannot tell whether the pair is idle ({metrics.get('error')}); going on"
+        last = f"{metrics.get('running') or 0:.0f} running, {metrics.get('waiting') or 0:.0f} waiting"
         if waited >= timeout_s:
             return False, f"the pair is not idle after {timeout_s:.0f} s ({last}); going on"
         sleep(min(poll_s, max(timeout_s - waited, 0.01)))

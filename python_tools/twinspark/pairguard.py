@@ -340,7 +340,10 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
         box.update(ok=ok, outcome=outcome, state=after)
         return drain.WorkResult(served=ok, gave_up=after.gave_up_at is not None and not by_operator)
 
-    drain.drained(_router_of(pair), work, log, lambda: pair.metrics(), _drain_timeout(args))
+    # The guard restarts a pair it judged broken: what runs on it will not finish, so it waits for nothing (one
+    # reading of /metrics, for the log); an operator's restart of a serving pair lets its requests finish.
+    idle_timeout = _drain_timeout(args) if by_operator else 0.0
+    drain.drained(_router_of(pair), work, log, lambda: pair.metrics(), idle_timeout)
     ok, outcome, state = bool(box["ok"]), str(box["outcome"]), box["state"]  # type: ignore[assignment]
     if ok:
         log(5, f"pair restarted: {outcome}")
