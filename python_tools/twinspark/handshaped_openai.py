@@ -20,6 +20,7 @@ class Backend:
         self.key = key
         self.delay_s = delay_s
         self.served = 0
+        self.running = 0  # requests being answered now (its /metrics reports them, as vLLM does)
         self.auth_seen: list[str] = []
         self._lock = threading.Lock()
         self._port = port
@@ -63,7 +64,10 @@ class Backend:
                 if self.path == "/health":
                     self._send(200, b"")
                 elif self.path == "/metrics":
-                    self._send(200, f"vllm:num_requests_running{{pair=\"{backend.name}\"}} 0\n".encode(),
+                    with backend._lock:
+                        running = backend.running
+                    self._send(200, (f"vllm:num_requests_running{{pair=\"{backend.name}\"}} {running}\n"
+                                     f"vllm:num_requests_waiting{{pair=\"{backend.name}\"}} 0\n").encode(),
                                "text/plain; version=0.0.4")
                 elif self.path == "/v1/models":
                     if self._authorised():
@@ -85,10 +89,15 @@ class Backend:
                 except ValueError:
                     self._send(400, b'{"error":"bad json"}')
                     return
-                if backend.delay_s:
-                    time.sleep(backend.delay_s)
                 with backend._lock:
-                    backend.served += 1
+                    backend.running += 1
+                try:
+                    if backend.delay_s:
+                        time.sleep(backend.delay_s)
+                finally:
+                    with backend._lock:
+                        backend.running -= 1
+                        backend.served += 1
                 text = f"hello from {backend.name}"
                 if self.path == "/v1/chat/completions":
                     choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}

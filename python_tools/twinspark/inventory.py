@@ -60,17 +60,61 @@ def _accepts_unknown_host_keys(hostvars: Mapping[str, object]) -> bool:
     return "stricthostkeychecking=no" in args.replace(" ", "").lower()
 
 
-def read_inventory(source: str | Path) -> Pair:
-    """The head, the worker and the API URL from an Ansible inventory (any source Ansible reads)."""
+def _load(source: str | Path):
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
     inventory = InventoryManager(loader=loader, sources=[str(source)])
-    variables = VariableManager(loader=loader, inventory=inventory)
-    groups = inventory.get_groups_dict()
+    return loader, inventory, VariableManager(loader=loader, inventory=inventory), inventory.get_groups_dict()
+
+
+def _host_vars(inventory, variables, groups: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    hosts = dict.fromkeys(h for members in groups.values() for h in members)  # type: ignore[union-attr]
+    return {str(h): dict(variables.get_vars(host=inventory.get_host(h))) for h in hosts}
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """A fleet inventory as `twinspark health` needs it: each pair's name and the URL the router knows it by, the
+    router's URL (None without a router), and the inventory's fleet problems (validation's lines)."""
+
+    pairs: tuple[tuple[str, str], ...]
+    router_url: str | None
+    problems: tuple[str, ...]
+
+
+def read_fleet(source: str | Path) -> FleetView | None:
+    """The fleet an inventory describes, or None for a one-pair inventory (which stays on the one-pair path)."""
+    from twinspark import fleet, routerconf
+
+    _, inventory, variables, groups = _load(source)
+    host_vars = _host_vars(inventory, variables, groups)
+    if not fleet.is_fleet(host_vars, groups):
+        return None
+    found, problems = fleet.pairs(host_vars, groups)
+    routers = list(groups.get(fleet.ROUTER_GROUP) or [])
+    router = routerconf.router_url(host_vars.get(routers[0], {}), routers[0]) if routers else None
+    return FleetView(tuple((p.name, routerconf.head_url(host_vars.get(p.head, {}), p.head)) for p in found),
+                     router, tuple(problems))
+
+
+def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
+    """The head, the worker and the API URL from an Ansible inventory (any source Ansible reads). In a fleet,
+    `pair` names the pair (its group); a one-pair inventory needs none."""
+    from ansible.template import Templar
+
+    loader, inventory, variables, groups = _load(source)
+    if pair is not None:
+        from twinspark import fleet
+
+        found, _ = fleet.pairs(_host_vars(inventory, variables, groups), groups)
+        chosen = [p for p in found if p.name == pair]
+        if not chosen:
+            raise InventoryError(f"inventory {source}: no well-formed pair {pair!r} (pairs: "
+                                 f"{', '.join(p.name for p in found) or 'none'}); run playbooks/validate.yml")
+        groups = fleet.pair_groups(chosen[0])
 
     try:
         head_name, worker_name = nodeenv.pair_hosts(groups)

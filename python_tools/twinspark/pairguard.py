@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import atomic, pairlife, systemd
+from twinspark import atomic, drain, pairlife, systemd
 
 # The rules are pure and live in guard_rules.py; the guard's I/O below applies them, and these names stay
 # importable from here for the callers and tests that use them.
@@ -142,6 +142,7 @@ class Pair:
     known_hosts: str = DEFAULT_KNOWN_HOSTS
     ssh_timeout_s: float = 10.0
     unit: str = UNIT
+    router: drain.Router | None = None  # the fleet's router, when the env files name one (twinspark.drain)
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:
@@ -182,6 +183,10 @@ class Pair:
         """Ask the head's API the health tools' questions (twinspark.health.gather) and classify the answers."""
         results = head_api.gather(self.api.url, self.api.served_name, self.api.api_key, timeout_s, ca=self.api.ca)
         return classify_probe(results, self.api, timeout_s)
+
+    def metrics(self, timeout_s: float = 10.0) -> dict[str, object]:
+        """The head's /metrics, summarised (running and waiting requests: what the drain waits on)."""
+        return head_api.read_metrics(self.api.url, timeout_s, ca=self.api.ca)
 
     def sample(self, timeout_s: float) -> Sample:
         """One reading of the head's /metrics (no key needed: vLLM serves it outside /v1)."""
@@ -287,9 +292,11 @@ def _read_env(paths: Sequence[str]) -> dict[str, str]:
 
 
 def _pair_from_args(args: argparse.Namespace) -> Pair:
-    api = api_from_env(_read_env(args.env))
+    env = _read_env(args.env)
+    api = api_from_env(env)
+    ref = drain.router_from_env(env, api.api_key)
     return Pair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
-                known_hosts=args.known_hosts)
+                known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref))
 
 
 def _pair_or_none(args: argparse.Namespace, what: str) -> Pair | None:
@@ -308,14 +315,36 @@ def _policy_from_args(args: argparse.Namespace) -> Policy:
                   short_probe_timeout_s=args.short_probe_timeout, metrics_timeout_s=args.metrics_timeout)
 
 
+def _router_of(pair: Pair) -> drain.Router | None:
+    """The pair's router; a pair-like object without one (a stand-in) has none, like a pair without a router."""
+    return getattr(pair, "router", None)
+
+
+def _drain_timeout(args: argparse.Namespace) -> float:
+    return float(getattr(args, "drain_timeout", drain.DEFAULT_IDLE_TIMEOUT_S))
+
+
 def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
-                 ) -> tuple[GuardState, bool]:
+                 by_operator: bool = False) -> tuple[GuardState, bool]:
+    """One ordered restart, drained from the router when the pair has one. `by_operator`: a restart that clears
+    a give-up when it works, so a pair that serves again goes back in even if the guard had given up on it."""
     started_at = time.time()
-    try:
-        ok, outcome = ordered_restart(pair, args.ready_timeout, args.probe_timeout)
-    except (subprocess.SubprocessError, RuntimeError) as exc:
-        ok, outcome = False, f"restart step failed: {exc}"
-    state = after_restart(state, started_at, ok, f"{reason} -> {outcome}", policy, finished_at=time.time())
+    box: dict[str, object] = {}
+
+    def work() -> drain.WorkResult:
+        try:
+            ok, outcome = ordered_restart(pair, args.ready_timeout, args.probe_timeout)
+        except (subprocess.SubprocessError, RuntimeError) as exc:
+            ok, outcome = False, f"restart step failed: {exc}"
+        after = after_restart(state, started_at, ok, f"{reason} -> {outcome}", policy, finished_at=time.time())
+        box.update(ok=ok, outcome=outcome, state=after)
+        return drain.WorkResult(served=ok, gave_up=after.gave_up_at is not None and not by_operator)
+
+    # The guard restarts a pair it judged broken: what runs on it will not finish, so it waits for nothing (one
+    # reading of /metrics, for the log); an operator's restart of a serving pair lets its requests finish.
+    idle_timeout = _drain_timeout(args) if by_operator else 0.0
+    drain.drained(_router_of(pair), work, log, lambda: pair.metrics(), idle_timeout)
+    ok, outcome, state = bool(box["ok"]), str(box["outcome"]), box["state"]  # type: ignore[assignment]
     if ok:
         log(5, f"pair restarted: {outcome}")
     else:
@@ -446,7 +475,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     state_path = Path(args.state_file)
     try:
         with pairlife.lifecycle_lock(args.lock_file, "twinspark pair restart", args.lock_timeout):
-            state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator")
+            state, ok = _run_restart(pair, args, load_state(state_path), policy, "requested by an operator",
+                                     by_operator=True)
             if ok:
                 state = replace(state, gave_up_at=None, gave_up_reason="", failures_in_row=0)
             save_state(state_path, state)
@@ -527,13 +557,23 @@ def _lifecycle(args: argparse.Namespace, pair: Pair, verb: str) -> int:
                 plan = pairlife.steps(verb, head_state, worker_state)
             else:
                 plan = pairlife.steps(verb)
-            ok, done = run_steps(pair, plan, what)
-            result.update(steps=[f"{rank} {step}" for rank, step in plan], done=done,
-                          worker_reached=ok or "worker could not be reached" not in done)
-            if ok and plan and verb != "stop" and not args.no_wait:
-                ok, done = wait_serving(pair, args.ready_timeout, args.probe_timeout)
-                result["serving"] = done
-            result["ok"] = ok
+
+            def work() -> drain.WorkResult:
+                ok, done = run_steps(pair, plan, what)
+                result.update(steps=[f"{rank} {step}" for rank, step in plan], done=done,
+                              worker_reached=ok or "worker could not be reached" not in done)
+                waited = ok and verb != "stop" and not args.no_wait
+                if waited:
+                    ok, done = wait_serving(pair, args.ready_timeout, args.probe_timeout)
+                    result["serving"] = done
+                result["ok"] = ok
+                return drain.WorkResult(served=ok and waited)
+
+            # nothing to do (a start of a serving pair) touches nothing, so it leaves the router alone
+            _, said = drain.drained(_router_of(pair) if plan else None, work, log, lambda: pair.metrics(),
+                                    _drain_timeout(args), stopping=verb == "stop")
+            if said:
+                result["router"] = said
     except pairlife.LockBusy as exc:
         result["error"] = str(exc)
     except pairlife.LockError as exc:
@@ -573,6 +613,27 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     """Pause the guard, then stop the head and the worker (exit 1 naming the worker when it cannot be reached)."""
     return _lifecycle_from_args(args, "stop")
+
+
+def cmd_rejoin(args: argparse.Namespace) -> int:
+    """Put the pair back behind the fleet's router once it serves (after a --no-wait restart, a give-up cleared by
+    hand, or a router that was down). Exit 0 when it is back (or no router is named), 1 when it is not, 2 invalid."""
+    pair = _pair_or_none(args, "pair rejoin")
+    if pair is None:
+        return 2
+    if pair.router is None:
+        log(6, f"pair rejoin: the env files name no router ({drain.ROUTER_URL_ENV}); nothing to do")
+        return 0
+    state = load_state(Path(args.state_file))
+    probe, detail = pair.probe(args.probe_timeout)
+    reason = drain.stay_out_reason(probe is Probe.OK, state.gave_up_at is not None, stopping=False)
+    if reason is not None:
+        log(3, f"pair rejoin: the pair stays out of router {pair.router.ref.url}: {reason} ({detail or probe.value}); "
+               "`twinspark pair restart` first")
+        return 1
+    back, line = pair.router.call("add")
+    log(5 if back else 3, f"pair rejoin: {line}")
+    return 0 if back else 1
 
 
 def cmd_kick(args: argparse.Namespace) -> int:
@@ -663,6 +724,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "waits for it)")
         sub.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT_S, metavar="S",
                          help="how long a start, stop or restart waits for the lifecycle lock before giving up")
+        sub.add_argument("--drain-timeout", type=float, default=drain.DEFAULT_IDLE_TIMEOUT_S, metavar="S",
+                         help="with a router named in the env files: how long to wait, once the pair is out of the "
+                              "router, for its requests in flight to finish before it is touched")
 
     guard = verbs.add_parser("guard", help="one guard run: look at both ranks, restart the pair in order if broken")
     common(guard, acts=True)
@@ -696,6 +760,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     resume = verbs.add_parser("resume", help="end a pause: the guard's next run looks at the pair again")
     common(resume, acts=False)
     resume.set_defaults(func=cmd_resume)
+    rejoin = verbs.add_parser("rejoin", help="put the pair back behind the fleet's router once it serves a "
+                                             "generation (never a pair the guard gave up on)")
+    common(rejoin, acts=True)
+    rejoin.set_defaults(func=_with_defaults(cmd_rejoin))
     kick = verbs.add_parser("kick", help="wake the head's pair guard now (a rank's ExecStop=): one datagram, "
                                          "no command")
     kick.add_argument("--to", action="append", required=True, metavar="ADDRESS:PORT",

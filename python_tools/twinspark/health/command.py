@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from twinspark import netguard
-from twinspark.health import checks, report
+from twinspark.health import checks, fleetreport, report
 from twinspark.health.checks import CheckResult
 from twinspark.inventory import default_inventory
 
@@ -132,9 +132,18 @@ def sweep_inventory(inventory: str | None, timeout: float, nodes: bool = True, p
                     ) -> tuple[list[CheckResult], dict, dict]:
     """The controller's sweep of the inventory's pair (ansible.cfg's inventory when None): both nodes' agents over
     SSH (unless `nodes` is false) and the pair's API from outside (unless `probe_pair` is false)."""
+    results, summaries, metrics, _ = sweep_pair(inventory, timeout, nodes, probe_pair)
+    return results, summaries, metrics
+
+
+def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_pair: bool = True,
+               pair_name: str | None = None) -> tuple[list[CheckResult], dict, dict, dict[str, str]]:
+    """`sweep_inventory` for one pair (in a fleet: the pair called `pair_name`), plus the head's env values (the
+    key among them: kept in memory, never printed)."""
     from twinspark.health import remote
 
-    pair = remote.read_inventory(inventory or default_inventory())
+    source = inventory or default_inventory()
+    pair = remote.read_inventory(source) if pair_name is None else remote.read_inventory(source, pair_name)
     netguard.check([pair.head.host, pair.worker.host, pair.api_url])
     outcome = remote.sweep(pair, timeout, nodes=nodes, probe_pair=probe_pair)
     results: list[CheckResult] = []
@@ -155,10 +164,74 @@ def sweep_inventory(inventory: str | None, timeout: float, nodes: bool = True, p
         results += checks.pair_checks(pair.api_url, outcome.pair, env.get("SERVED_MODEL_NAME") or None,
                                       _int(env.get("MAX_MODEL_LEN")), timeout, _down(results))
         metrics = _pair_metrics(outcome.pair)
-    return results, summaries, metrics
+    return results, summaries, metrics, dict(outcome.head_env or {})
+
+
+def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True, probe_pair: bool = True,
+                list_workers: Callable[[str, str | None, float], tuple[int | None, str]] | None = None,
+                ) -> tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]:
+    """Every pair of a fleet (`inventory.FleetView`) swept as a one-pair inventory is, one after another, then the
+    router's worker list (asked with the first pair's key, which the router's key file holds too)."""
+    from twinspark import api
+    from twinspark.health.remote import InventoryError
+
+    seen: list[fleetreport.PairSeen] = []
+    key: str | None = None
+    if view.problems:
+        seen.append(fleetreport.PairSeen("inventory", "", tuple(
+            checks.failed(checks.PAIR, "fleet inventory", problem, "fix the inventory; playbooks/validate.yml says "
+                                                                    "the same") for problem in view.problems)))
+    for name, url in view.pairs:
+        try:
+            results, _, _, env = sweep_pair(inventory, timeout, nodes, probe_pair, name)
+        except (InventoryError, netguard.UnsafeRoute) as error:
+            results, env = [checks.failed(checks.PAIR, "inventory", str(error), "fix the inventory")], {}
+        key = key or api.first_key(env)
+        seen.append(fleetreport.PairSeen(name, url, tuple(results)))
+    if view.router_url is None:
+        return seen, None
+    netguard.check([view.router_url])
+    ask = list_workers or _list_workers
+    status, body = ask(view.router_url, key, timeout)
+    listed = fleetreport.listed_from_answer(status, body)
+    router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
+    return seen, fleetreport.router_verdict(router, [p for p in seen if p.url])
+
+
+def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
+    from twinspark import routerprobe
+
+    return routerprobe.request(url, "/list_workers", key, timeout_s=timeout)
+
+
+def answer_fleet(sweep: Callable[[], tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]],
+                 as_json: bool = False) -> int:
+    """Print the fleet's table (or JSON); the worst exit code of all its pairs and the router."""
+    try:
+        pairs, router = sweep()
+    except netguard.UnsafeRoute as error:
+        print(f"twinspark health: {error}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(fleetreport.as_json(pairs, router), indent=2))
+    else:
+        print(fleetreport.table(pairs, router))
+    return fleetreport.fleet_exit(pairs, router)
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.local and args.prom_file is None:
+        from twinspark.health.remote import InventoryError
+        from twinspark.inventory import read_fleet
+
+        try:
+            view = read_fleet(args.inventory or default_inventory())
+        except InventoryError as error:
+            print(f"twinspark health: {error}", file=sys.stderr)
+            return 2
+        if view is not None:  # a fleet: every pair and the router; a one-pair inventory goes on as it always did
+            return answer_fleet(lambda: fleet_sweep(view, args.inventory, args.timeout, nodes=not args.pair,
+                                                    probe_pair=not args.no_pair), as_json=args.json)
     sweep = (lambda: local_sweep(args)) if args.local else (lambda: controller_sweep(args))
     return answer(sweep, as_json=args.json, quiet=getattr(args, "quiet", False), prom_file=args.prom_file)
 

@@ -1,0 +1,343 @@
+"""Drain before touch (twinspark.drain): the rules, the order around the work, and the pair CLI with a router.
+
+The router and the pair are stood in for here; tests/test_drain_loopback.py runs the same code against the real
+vllm-router on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twinspark import cli, drain
+from twinspark import pairguard as pg
+from twinspark.pairguard import Probe
+
+# --- rules (pure) ----------------------------------------------------------------------------------------------
+
+
+def test_no_router_named_means_no_drain():
+    assert drain.router_from_env({"VLLM_PORT": "8000"}, "k") is None
+    assert drain.router_from_env({drain.ROUTER_URL_ENV: "  "}, "k") is None
+
+
+def test_a_named_router_needs_the_pairs_url_and_says_which_variable():
+    with pytest.raises(ValueError, match="TWINSPARK_ROUTER_PAIR_URL is empty.*twinspark_router_pair_url"):
+        drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000"}, "k")
+    with pytest.raises(ValueError, match="TWINSPARK_ROUTER_URL='ftp://x' is not a base URL"):
+        drain.router_from_env({drain.ROUTER_URL_ENV: "ftp://x", drain.PAIR_URL_ENV: "http://h:8000"}, "k")
+
+
+def test_the_router_reference_carries_both_urls_and_the_key():
+    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000/",
+                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1")
+    assert ref == drain.RouterRef("http://10.0.0.9:30000", "http://10.0.0.1:8000", "sk-1")
+
+
+def test_admin_paths_quote_the_pair_url():
+    assert drain.admin_path("remove", "http://10.0.0.1:8000") == "/remove_worker?url=http://10.0.0.1:8000"
+    assert drain.admin_path("add", "http://h:1/?x") == "/add_worker?url=http://h:1/%3Fx"
+    with pytest.raises(ValueError, match="not add or remove"):
+        drain.admin_path("flush", "http://h:1")
+
+
+@pytest.mark.parametrize(("verb", "status", "body", "ok", "words"), [
+    ("remove", 200, "Successfully removed worker", True, "remove_worker done"),
+    ("add", 200, "Successfully added", True, "add_worker done"),
+    # what vllm-router 0.1.17 answers when the pair is already in (seen on loopback)
+    ("add", 400, "Worker http://h:1 already exists", True, "nothing to do"),
+    ("remove", 404, "Worker not found", True, "nothing to do"),
+    ("remove", None, "URLError", False, "cannot be reached"),
+    ("add", 401, "Unauthorized", False, "refused the key"),
+    ("add", 500, "boom", False, "answered 500"),
+])
+def test_admin_outcomes(verb, status, body, ok, words):
+    got, line = drain.admin_outcome(verb, status, body, "http://r:1")
+    assert got is ok
+    assert words in line
+    if not ok:
+        assert "going on" in line
+
+
+@pytest.mark.parametrize(("metrics", "expected"), [
+    ({"running": 0.0, "waiting": 0.0}, True),
+    ({"running": 1.0, "waiting": 0.0}, False),
+    ({"running": 0.0, "waiting": 2.0}, False),
+    ({"running": None, "waiting": None}, None),
+    ({"error": "refused", "unreachable": True}, None),
+])
+def test_idle_reads_running_and_waiting(metrics, expected):
+    assert drain.idle(metrics) is expected
+
+
+def test_who_stays_out():
+    assert drain.stay_out_reason(served=True, gave_up=False, stopping=False) is None
+    assert drain.stay_out_reason(True, False, stopping=True) == "the pair was stopped"
+    assert drain.stay_out_reason(True, gave_up=True, stopping=False) == "the pair guard gave up on it"
+    assert drain.stay_out_reason(False, False, False) == "it did not serve a generation"
+
+
+# --- the order around the work, router and pair stood in for ----------------------------------------------------
+
+
+class Recorder:
+    def __init__(self, answers=None):
+        self.calls: list[str] = []
+        self.answers = answers or {}
+
+    def post(self, path, _timeout_s):
+        verb = path.split("_worker")[0].lstrip("/")
+        self.calls.append(f"router {verb}")
+        return self.answers.get(verb, (200, "ok"))
+
+
+def _router(recorder):
+    return drain.Router(drain.RouterRef("http://r:1", "http://p:1", "k"), post=recorder.post)
+
+
+def test_out_wait_work_back_in_that_order():
+    rec = Recorder()
+    readings = iter([{"running": 2.0, "waiting": 0.0}, {"running": 1.0, "waiting": 1.0},
+                     {"running": 0.0, "waiting": 0.0}])
+
+    def metrics():
+        rec.calls.append("metrics")
+        return next(readings)
+
+    def work():
+        rec.calls.append("work")
+        return drain.WorkResult(served=True)
+
+    _, lines = drain.drained(_router(rec), work, lambda _p, _m: None, metrics, sleep=lambda _s: None)
+    assert rec.calls == ["router remove", "metrics", "metrics", "metrics", "work", "router add"]
+    assert lines[1].startswith("the pair is idle")
+
+
+def test_the_idle_wait_is_bounded_and_the_work_goes_on():
+    rec = Recorder()
+    now = {"t": 0.0}
+
+    def sleep(seconds):
+        now["t"] += seconds
+
+    _, lines = drain.drained(_router(rec), lambda: drain.WorkResult(True), lambda _p, _m: None,
+                             lambda: {"running": 1.0, "waiting": 0.0}, idle_timeout_s=5,
+                             clock=lambda: now["t"], sleep=sleep)
+    assert "not idle after 5 s (1 running, 0 waiting); going on" in lines[1]
+    assert rec.calls == ["router remove", "router add"]
+
+
+@pytest.mark.parametrize(("result", "stopping"), [
+    (drain.WorkResult(served=False), False),
+    (drain.WorkResult(served=True, gave_up=True), False),
+    (drain.WorkResult(served=True), True),
+])
+def test_no_way_back_without_a_generation_after_a_give_up_or_a_stop(result, stopping):
+    rec = Recorder()
+    _, lines = drain.drained(_router(rec), lambda: result, lambda _p, _m: None,
+                             lambda: {"running": 0.0, "waiting": 0.0}, stopping=stopping)
+    assert rec.calls == ["router remove"]
+    assert "stays out" in lines[-1] and "twinspark pair rejoin" in lines[-1]
+
+
+def test_a_router_down_is_said_and_the_work_still_runs():
+    rec = Recorder({"remove": (None, "ConnectionRefusedError"), "add": (None, "ConnectionRefusedError")})
+    worked = []
+    logged = []
+    drain.drained(_router(rec), lambda: worked.append(1) or drain.WorkResult(True),
+                  lambda p, m: logged.append((p, m)), lambda: pytest.fail("no idle wait when the pair is not out"))
+    assert worked == [1]
+    assert rec.calls == ["router remove", "router add"]
+    assert [p for p, _ in logged] == [4, 4] and all("cannot be reached" in m for _, m in logged)
+
+
+def test_without_a_router_only_the_work_runs_and_nothing_is_said():
+    logged = []
+    result, lines = drain.drained(None, lambda: drain.WorkResult(False), lambda p, m: logged.append(m),
+                                  lambda: pytest.fail("no metrics without a router"))
+    assert result == drain.WorkResult(False) and lines == [] and logged == []
+
+
+# --- the pair CLI on the head with a router named ---------------------------------------------------------------
+
+
+class RoutedHead:
+    """A pair whose units, worker and API are stood in for, behind a recorded router."""
+
+    def __init__(self, head_state="active", worker_state="active", serves=True, add_answer=(200, "ok")):
+        self.calls: list[str] = []
+        self.add_answer = add_answer
+        self.states = {"head": head_state, "worker": worker_state}
+        self.serves = serves
+        self.router = drain.Router(drain.RouterRef("http://r:1", "http://p:1", "k"), post=self._post)
+
+    def _post(self, path, _timeout_s):
+        verb = path.split("_worker")[0].lstrip("/")
+        self.calls.append(f"router {verb}")
+        return self.add_answer if verb == "add" else (200, "ok")
+
+    def head_props(self):
+        return {"ActiveState": self.states["head"]}
+
+    def head(self, verb):
+        self.calls.append(f"head {verb}")
+        self.states["head"] = "active" if verb == "start" else "inactive"
+
+    def worker(self, verb):
+        if verb == "state":
+            return self.states["worker"]
+        self.calls.append(f"worker {verb}")
+        self.states["worker"] = "active" if verb == "start" else "inactive"
+        return ""
+
+    def metrics(self, timeout_s=10.0):
+        self.calls.append("metrics")
+        return {"running": 0.0, "waiting": 0.0}
+
+    def probe(self, timeout_s):
+        return (Probe.OK, "one token") if self.serves else (Probe.TIMEOUT, "no token")
+
+    def observe(self, probe_timeout_s, policy=None, state=None):
+        return pg.Observation(self.states["head"], self.states["worker"], Probe.SKIPPED, "", 0.0, ())
+
+
+@pytest.fixture
+def routed(tmp_path: Path, monkeypatch):
+    box: dict[str, object] = {"head": RoutedHead()}
+    monkeypatch.setattr(pg, "_pair_from_args", lambda args: box["head"])
+    monkeypatch.setattr(pg, "stop_guard_run", lambda timeout_s=150.0: "")
+    box["state"] = tmp_path / "state.json"
+    box["args"] = ["--env", str(tmp_path / "none.env"), "--worker", "127.0.0.1", "--state-file", str(box["state"]),
+                   "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused"),
+                   "--ready-timeout", "5"]
+    return box
+
+
+STEPS = ["head stop", "worker stop", "worker start", "head start"]
+
+
+def test_pair_restart_takes_the_pair_out_first_and_back_once_it_serves(routed):
+    assert cli.main(["pair", "restart", *routed["args"]]) == 0
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS, "router add"]
+
+
+def test_a_restart_that_does_not_serve_leaves_the_pair_out(routed):
+    routed["head"] = RoutedHead(serves=False)
+    assert cli.main(["pair", "restart", *routed["args"]]) == 1
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS]
+
+
+def test_pair_stop_takes_the_pair_out_and_leaves_it_out(routed):
+    assert cli.main(["pair", "stop", *routed["args"], "--json"]) == 0
+    assert routed["head"].calls == ["router remove", "metrics", "head stop", "worker stop"]
+
+
+def test_a_no_wait_restart_leaves_the_pair_out_for_rejoin(routed, capsys):
+    assert cli.main(["pair", "restart", "--no-wait", *routed["args"], "--json"]) == 0
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS]
+    assert "twinspark pair rejoin" in json.loads(capsys.readouterr().out)["router"][-1]
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 0
+    assert routed["head"].calls[-1] == "router add"
+
+
+def test_a_serving_pair_that_start_leaves_alone_is_not_taken_out(routed):
+    assert cli.main(["pair", "start", *routed["args"]]) == 0
+    assert routed["head"].calls == []
+
+
+def test_rejoin_refuses_a_pair_the_guard_gave_up_on(routed, capsys):
+    from twinspark.guard_rules import GuardState
+
+    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
+    assert routed["head"].calls == []
+    assert "the pair guard gave up on it" in capsys.readouterr().err
+
+
+def test_rejoin_refuses_a_pair_that_does_not_serve(routed):
+    routed["head"] = RoutedHead(serves=False)
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
+    assert routed["head"].calls == []
+
+
+def test_the_env_files_name_the_router_or_leave_it_out(tmp_path: Path):
+    base = "VLLM_HOST=127.0.0.1\nVLLM_PORT=8000\nSERVED_MODEL_NAME=tiny\n"
+    plain, routed_env = tmp_path / "plain.env", tmp_path / "routed.env"
+    plain.write_text(base)
+    routed_env.write_text(base + "TWINSPARK_ROUTER_URL=http://127.0.0.1:30000\n"
+                                 "TWINSPARK_ROUTER_PAIR_URL=http://10.0.0.1:8000\n")
+    parser_args = ["--worker", "127.0.0.1", "--ready-timeout", "5"]
+
+    def pair_of(env_file):
+        import argparse
+
+        parser = argparse.ArgumentParser()
+        pg.register(parser.add_subparsers(dest="cmd"))
+        args = parser.parse_args(["pair", "check", "--env", str(env_file), *parser_args])
+        return pg._pair_from_args(args)
+
+    assert pair_of(plain).router is None
+    ref = pair_of(routed_env).router.ref
+    assert (ref.url, ref.pair_url) == ("http://127.0.0.1:30000", "http://10.0.0.1:8000")
+
+
+def test_rejoin_of_a_pair_the_router_lists_already_is_no_change(routed, capsys):
+    # what the playbooks' changed_when reads: a site.yml run that restarted nothing changes nothing
+    routed["head"] = RoutedHead(add_answer=(400, "Worker http://p:1 already exists"))
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 0
+    assert routed["head"].calls == ["router add"]
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def test_rejoin_says_so_when_the_router_does_not_take_the_pair(routed, capsys):
+    routed["head"] = RoutedHead(add_answer=(None, "ConnectionRefusedError"))
+    assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
+    assert "cannot be reached" in capsys.readouterr().err
+
+
+def test_an_operators_restart_of_a_pair_the_guard_gave_up_on_puts_it_back_once_it_serves(routed):
+    from twinspark.guard_rules import GuardState
+
+    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    assert cli.main(["pair", "restart", *routed["args"]]) == 0
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS, "router add"]
+    assert pg.load_state(Path(routed["state"])).gave_up_at is None
+
+
+def test_the_guard_never_restarts_nor_puts_back_a_pair_it_gave_up_on(routed, monkeypatch):
+    from twinspark.guard_rules import GuardState
+
+    routed["head"] = RoutedHead(head_state="failed", serves=False)
+    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    cli.main(["pair", "guard", *routed["args"]])
+    assert routed["head"].calls == []
+
+
+def test_a_guard_restart_that_does_not_serve_takes_the_pair_out_and_leaves_it_out(routed, monkeypatch):
+    routed["head"] = RoutedHead(head_state="failed", serves=False)
+    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    cli.main(["pair", "guard", *routed["args"]])
+    assert routed["head"].calls == ["router remove", "metrics", *STEPS]
+
+
+def test_a_pair_whose_metrics_do_not_answer_is_not_waited_for():
+    rec = Recorder()
+    now = {"t": 0.0}
+    _, lines = drain.drained(_router(rec), lambda: drain.WorkResult(True), lambda _p, _m: None,
+                             lambda: {"error": "ConnectionRefusedError", "unreachable": True}, idle_timeout_s=120,
+                             clock=lambda: now["t"], sleep=lambda s: pytest.fail("no wait for a pair that is gone"))
+    assert lines[1] == "cannot tell whether the pair is idle (ConnectionRefusedError); going on"
+    assert rec.calls == ["router remove", "router add"]
+
+
+def test_the_guard_does_not_wait_for_requests_on_a_pair_it_judged_broken(routed, monkeypatch):
+    head = RoutedHead(head_state="failed")
+    head.metrics = lambda timeout_s=10.0: head.calls.append("metrics") or {"running": 3.0, "waiting": 0.0}
+    routed["head"] = head
+    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    cli.main(["pair", "guard", *routed["args"]])
+    # one reading only: a wait would read again (and again) until --drain-timeout
+    assert head.calls == ["router remove", "metrics", *STEPS, "router add"]

@@ -1,0 +1,112 @@
+"""Drain before touch on loopback: the real vllm-router 0.1.17, two handshaped pairs, a client loop through the
+router, and `twinspark.drain.drained` around a restart of one pair (its backend process stopped and started again).
+
+Skipped, with the reason, where vllm_router is not importable. Assertions are about behaviour (failed requests,
+the router's worker list, who takes traffic); the figures are printed.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from twinspark import api, drain, routerdrill, routerprobe
+
+PYTHON = routerdrill.router_python()
+pytestmark = pytest.mark.skipif(
+    PYTHON is None, reason="vllm-router 0.1.17 is not installed here (make setup installs it; or set "
+                           "TWINSPARK_ROUTER_PYTHON to an interpreter that has it)")
+
+
+@pytest.fixture()
+def drill():
+    # 0.25 s per request, so that requests are usually in flight on the pair when it is taken out
+    with routerdrill.Drill(PYTHON, delay_s=0.25) as running:
+        yield running
+
+
+def _listed(drill) -> str:
+    status, text = routerprobe.request(drill.base, "/list_workers", routerdrill.KEY)
+    assert status == 200
+    return text
+
+
+def _drained_restart(drill, victim: str, gave_up: bool, total: int = 120, at: int = 30):
+    """A client loop; after `at` answers, `drained` takes the victim out, restarts it, and decides on putting it
+    back. Returns (loop figures, what drained said, the victim's probe after the restart)."""
+    ref = drain.RouterRef(drill.base, drill.url(victim), routerdrill.KEY)
+    lines: list[str] = []
+    seen_running: list[float] = []
+    done = {"n": 0, "finished": threading.Event()}
+    lock = threading.Lock()
+
+    def read_metrics():
+        metrics = api.read_metrics(drill.url(victim), 2)
+        seen_running.append(float(metrics.get("running") or 0))
+        return metrics
+
+    def work() -> drain.WorkResult:
+        drill.kill_backend(victim)
+        drill.start_backend(victim)
+        status, _ = routerprobe.chat_once(drill.url(victim), routerdrill.KEY)  # the pair's own generation probe
+        return drain.WorkResult(served=status == 200, gave_up=gave_up)
+
+    def act() -> None:
+        try:
+            _, said = drain.drained(drain.Router(ref), work, lambda _p, _m: None, read_metrics,
+                                    idle_timeout_s=30, sleep=lambda _s: threading.Event().wait(0.05))
+            lines.extend(said)
+        finally:
+            done["finished"].set()
+
+    def on_done(_outcome) -> None:
+        with lock:
+            done["n"] += 1
+            n = done["n"]
+        if n == at:
+            threading.Thread(target=act).start()
+
+    outcomes = routerprobe.client_loop(drill.base, routerdrill.KEY, total, 2, on_done)
+    assert done["finished"].wait(60), "the drained restart did not finish"
+    return routerprobe.summarise(outcomes), lines, seen_running
+
+
+def test_a_drained_restart_loses_no_request_and_the_pair_takes_traffic_again(drill):
+    figures, lines, seen_running = _drained_restart(drill, "a", gave_up=False)
+    before = drill.served_by("a")
+    after = routerprobe.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    served_after = drill.served_by("a") - before
+    print("drained restart:", {k: figures[k] for k in ("total", "ok", "failed", "statuses")},
+          "metrics readings:", seen_running, "lines:", lines, "victim served after:", served_after)
+    assert figures["failed"] == 0
+    assert lines[0].endswith("remove_worker done")
+    assert lines[1].startswith("the pair is idle")
+    assert lines[-1].endswith("add_worker done")
+    assert drill.url("a") in _listed(drill)
+    assert routerprobe.summarise(after)["failed"] == 0
+    assert served_after > 0
+
+
+def test_a_pair_the_guard_gave_up_on_stays_out(drill):
+    figures, lines, _ = _drained_restart(drill, "a", gave_up=True)
+    before = drill.served_by("a")
+    after = routerprobe.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    print("given up:", {k: figures[k] for k in ("total", "ok", "failed")}, "lines:", lines)
+    assert figures["failed"] == 0
+    assert "gave up" in lines[-1]
+    assert drill.url("a") not in _listed(drill)
+    assert drill.url("b") in _listed(drill)
+    assert {o.answer for o in after} == {"hello from b"}
+    assert drill.served_by("a") == before
+
+
+def test_a_router_that_cannot_be_reached_does_not_block_the_work(drill):
+    dead = drain.RouterRef(f"http://127.0.0.1:{routerdrill.free_port()}", drill.url("a"), routerdrill.KEY)
+    worked = []
+    result, lines = drain.drained(drain.Router(dead), lambda: worked.append(1) or drain.WorkResult(True),
+                                  lambda _p, _m: None, lambda: {"running": 0.0, "waiting": 0.0})
+    print("router down:", lines)
+    assert worked == [1] and result.served
+    assert "cannot be reached" in lines[0] and "going on" in lines[0]
+    assert "cannot be reached" in lines[-1]

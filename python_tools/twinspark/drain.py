@@ -1,0 +1,210 @@
+"""Drain before touch: a pair that sits behind the fleet's router leaves it before it is restarted or stopped.
+
+When the head's env files name a router (TWINSPARK_ROUTER_URL, and TWINSPARK_ROUTER_PAIR_URL: this pair's head API
+as the router lists it in --worker-urls), every operation that restarts or stops the pair (the guard's ordered
+restart, `twinspark pair restart|start|stop`, and so the restart playbooks) goes:
+
+  1. POST <router>/remove_worker?url=<pair>: the router sends the pair nothing new;
+  2. wait, bounded, until the pair's own /metrics shows no running and no waiting request (the requests the router
+     had already sent finish; a removed worker drops out of the router's own load figures, so only the pair can
+     tell);
+  3. the work (the ordered restart, or the stop);
+  4. POST <router>/add_worker?url=<pair>, only when the work ended with the pair serving a generation (the existing
+     one-token probe) and the guard has not given up on it. A stopped pair, a pair that does not serve, and a pair
+     the guard gave up on stay out; `twinspark pair rejoin` (after one more probe) puts such a pair back.
+
+A router that cannot be reached, or that refuses the call, never blocks the pair: the operation says so in one line
+and goes on (a pair must stay restartable while the router is down; the router's own health checks then keep a
+dead pair out, and a router restart lists every pair from the inventory again).
+
+Rules (`router_from_env`, `admin_path`, `admin_outcome`, `idle`, `stay_out_reason`) are pure; `Router` speaks
+HTTP to the router and nothing else; `drained` ties them together around any piece of work.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+ROUTER_URL_ENV = "TWINSPARK_ROUTER_URL"
+PAIR_URL_ENV = "TWINSPARK_ROUTER_PAIR_URL"
+DEFAULT_IDLE_TIMEOUT_S = 120.0
+ADMIN_TIMEOUT_S = 10.0
+# /add_worker returns only once the worker's /health answers; the pair serves already, so this is a margin.
+ADD_TIMEOUT_S = 60.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RouterRef:
+    """The fleet's router as one pair sees it: where it is, the pair's URL in its list, and the key it demands."""
+
+    url: str
+    pair_url: str
+    key: str | None
+
+
+def _http_url(value: str, env: str) -> str:
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") \
+            or parsed.query or parsed.fragment:
+        raise ValueError(f"{env}={value!r} is not a base URL like http://10.0.0.5:30000; set "
+                         f"{env.lower()} in the inventory and render the env files with site.yml")
+    return value.rstrip("/")
+
+
+def router_from_env(env: Mapping[str, str], key: str | None) -> RouterRef | None:
+    """The router named by the env files, or None when there is none (a pair without a router: no drain at all).
+
+    Raises ValueError naming the variable when the router is named but the pair's URL is missing or malformed."""
+    router = (env.get(ROUTER_URL_ENV) or "").strip()
+    if not router:
+        return None
+    pair = (env.get(PAIR_URL_ENV) or "").strip()
+    if not pair:
+        raise ValueError(f"{ROUTER_URL_ENV} is set but {PAIR_URL_ENV} is empty: the drain cannot tell the router "
+                         f"which pair to take out; set {PAIR_URL_ENV.lower()} to this pair's entry in "
+                         "the router's --worker-urls")
+    return RouterRef(_http_url(router, ROUTER_URL_ENV), _http_url(pair, PAIR_URL_ENV), key)
+
+
+def admin_path(verb: str, pair_url: str) -> str:
+    """The router's admin call for `verb` (add or remove) of one worker URL."""
+    if verb not in ("add", "remove"):
+        raise ValueError(f"router verb {verb!r} is not add or remove")
+    return f"/{verb}_worker?url={urllib.parse.quote(pair_url, safe=':/')}"
+
+
+def admin_outcome(verb: str, status: int | None, body: str, router: str) -> tuple[bool, str]:
+    """The router's answer to /add_worker or /remove_worker -> (the pair is where we want it, one line).
+
+    Removing a worker the router does not list, or adding one it lists already, is the wanted state too."""
+    text = " ".join(body.split())[:160]
+    if status == 200:
+        return True, f"router {router}: {verb}_worker done"
+    lowered = text.lower()
+    if status is not None and ((verb == "remove" and "not found" in lowered)
+                               or (verb == "add" and "already" in lowered)):
+        return True, f"router {router}: {verb}_worker: nothing to do ({text})"
+    if status is None:
+        return False, (f"router {router} cannot be reached ({text or 'no answer'}) for {verb}_worker; going on "
+                       "without it (its health checks keep a dead pair out)")
+    if status == 401:
+        return False, (f"router {router} refused the key for {verb}_worker (401); the router's key file must hold "
+                       "the pair's key (twinspark_vllm_api_key); going on without it")
+    return False, f"router {router} answered {status} to {verb}_worker ({text}); going on without it"
+
+
+def idle(metrics: Mapping[str, object]) -> bool | None:
+    """Whether the pair's /metrics (api.parse_metrics' summary) shows no running and no waiting request; None when
+    the metrics say nothing (an error, or no vLLM counters)."""
+    if metrics.get("error"):
+        return None
+    running, waiting = metrics.get("running"), metrics.get("waiting")
+    if running is None and waiting is None:
+        return None
+    return float(running or 0) + float(waiting or 0) == 0  # type: ignore[arg-type]
+
+
+def stay_out_reason(served: bool, gave_up: bool, stopping: bool) -> str | None:
+    """Why the pair is not put back after the work; None when it goes back."""
+    if stopping:
+        return "the pair was stopped"
+    if gave_up:
+        return "the pair guard gave up on it"
+    if not served:
+        return "it did not serve a generation"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# I/O
+# ---------------------------------------------------------------------------------------------------------------
+
+
+Post = Callable[[str, float], tuple[int | None, str]]
+
+
+class Router:
+    """The router's admin API for one pair."""
+
+    def __init__(self, ref: RouterRef, post: Post | None = None) -> None:
+        self.ref = ref
+        self._post = post or self._http_post
+
+    def _http_post(self, path: str, timeout_s: float) -> tuple[int | None, str]:
+        from twinspark import routerprobe
+
+        return routerprobe.request(self.ref.url, path, self.ref.key, "POST", timeout_s=timeout_s)
+
+    def call(self, verb: str) -> tuple[bool, str]:
+        status, body = self._post(admin_path(verb, self.ref.pair_url),
+                                  ADD_TIMEOUT_S if verb == "add" else ADMIN_TIMEOUT_S)
+        return admin_outcome(verb, status, body, self.ref.url)
+
+
+def wait_idle(read_metrics: Callable[[], Mapping[str, object]], timeout_s: float,
+              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+              poll_s: float = 0.5) -> tuple[bool, str]:
+    """Poll the pair's /metrics until it shows no request (True) or `timeout_s` passes (False); one line.
+
+    A /metrics that does not answer, or answers without vLLM's counters, ends the wait at once: such a pair is not
+    serving anything that waiting would save, and waiting would only delay its repair."""
+    started = clock()
+    while True:
+        metrics = read_metrics()
+        verdict = idle(metrics)
+        waited = clock() - started
+        if verdict:
+            return True, f"the pair is idle after {waited:.1f} s"
+        if verdict is None:
+            return False, f"cannot tell whether the pair is idle ({metrics.get('error')}); going on"
+        last = f"{metrics.get('running') or 0:.0f} running, {metrics.get('waiting') or 0:.0f} waiting"
+        if waited >= timeout_s:
+            return False, f"the pair is not idle after {timeout_s:.0f} s ({last}); going on"
+        sleep(min(poll_s, max(timeout_s - waited, 0.01)))
+
+
+@dataclass(frozen=True)
+class WorkResult:
+    """What the drained work says about the pair afterwards."""
+
+    served: bool  # it ended with a one-token generation answered by the pair
+    gave_up: bool = False  # the guard has given up on the pair
+
+
+def drained(router: Router | None, work: Callable[[], WorkResult], log: Callable[[int, str], None],
+            read_metrics: Callable[[], Mapping[str, object]], idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+            stopping: bool = False, clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep) -> tuple[WorkResult, list[str]]:
+    """Take the pair out of the router, wait until it is idle, do `work`, put it back when it serves.
+
+    Without a router: only `work`, nothing else, no line. Returns the work's result and the lines logged."""
+    lines: list[str] = []
+
+    def say(priority: int, line: str) -> None:
+        lines.append(line)
+        log(priority, f"drain: {line}")
+
+    if router is None:
+        return work(), lines
+    out, line = router.call("remove")
+    say(5 if out else 4, line)
+    if out:
+        quiet, line = wait_idle(read_metrics, idle_timeout_s, clock, sleep)
+        say(5 if quiet else 4, line)
+    result = work()
+    reason = stay_out_reason(result.served, result.gave_up, stopping)
+    if reason is not None:
+        say(5, f"the pair stays out of router {router.ref.url}: {reason} (`twinspark pair rejoin` puts it back "
+               "once it serves)")
+        return result, lines
+    back, line = router.call("add")
+    say(5 if back else 4, line)
+    return result, lines
