@@ -222,6 +222,13 @@ class Drill:
                     marks["kill"] = time.monotonic()
                     self.kill_backend(victim)
                 else:
+                    if mode == "kill":
+                        # bring it back only once the router has ejected it (bounded): on a loaded machine the
+                        # loop can reach back_at before the health checker's second failed check
+                        deadline = time.monotonic() + 30
+                        while (time.monotonic() < deadline
+                               and routerprobe.first_time(samples, False, marks.get("kill", float("inf"))) is None):
+                            time.sleep(0.1)
                     self.start_backend(victim)
                     marks["back"] = time.monotonic()
                     marks["served_at_back"] = self.served_by(victim)
