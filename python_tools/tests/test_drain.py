@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_pairlife_cycle import Head
 
 from twinspark import cli, drain
 from twinspark import pairguard as pg
@@ -163,13 +164,12 @@ def test_without_a_router_only_the_work_runs_and_nothing_is_said():
 # --- the pair CLI on the head with a router named ---------------------------------------------------------------
 
 
-class RoutedHead:
-    """A pair whose units, worker and API are stood in for, behind a recorded router."""
+class RoutedHead(Head):
+    """A pair whose units, worker and API are stood in for (test_pairlife_cycle.Head), behind a recorded router."""
 
     def __init__(self, head_state="active", worker_state="active", serves=True, add_answer=(200, "ok")):
-        self.calls: list[str] = []
+        super().__init__(head_state, worker_state)
         self.add_answer = add_answer
-        self.states = {"head": head_state, "worker": worker_state}
         self.serves = serves
         self.router = drain.Router(drain.RouterRef("http://r:1", "http://p:1", "k"), post=self._post)
 
@@ -177,20 +177,6 @@ class RoutedHead:
         verb = path.split("_worker")[0].lstrip("/")
         self.calls.append(f"router {verb}")
         return self.add_answer if verb == "add" else (200, "ok")
-
-    def head_props(self):
-        return {"ActiveState": self.states["head"]}
-
-    def head(self, verb):
-        self.calls.append(f"head {verb}")
-        self.states["head"] = "active" if verb == "start" else "inactive"
-
-    def worker(self, verb):
-        if verb == "state":
-            return self.states["worker"]
-        self.calls.append(f"worker {verb}")
-        self.states["worker"] = "active" if verb == "start" else "inactive"
-        return ""
 
     def metrics(self, timeout_s=10.0):
         self.calls.append("metrics")
