@@ -12,8 +12,6 @@ import json
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,17 +53,16 @@ def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) 
 
 
 def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float) -> tuple[int | None, str]:
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return reply.status, reply.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode("utf-8", "replace")[:200]
-    except (OSError, urllib.error.URLError) as error:
-        return None, type(error).__name__
+    """One request through the project's one API client (twinspark.api): (status, body), or (None, why)."""
+    from twinspark import api
+
+    headers = {"Content-Type": "application/json", **api.auth_headers(key)}
+    with api.session() as http:
+        result, response = api.request(http, method, url, timeout_s, data=body, headers=headers)
+        if response is None:
+            return None, str(result["error"])
+        text = response.text
+    return response.status_code, text if response.status_code < 400 else text[:200]
 
 
 def chat_once(base: str, key: str | None, model: str = "tiny", timeout_s: float = 30.0) -> tuple[int | None, str]:
