@@ -89,6 +89,12 @@ def test_defaults_validate_cleanly(tmp_path, capsys, profile, rank):
          "VLLM_USE_BREAKABLE_CUDAGRAPHS: unknown variable; did you mean VLLM_USE_BREAKABLE_CUDAGRAPH?"),
         ("NCCL_DEBUG", "INFO", "NCCL_DEBUG: is fixed by the gb10 profile (WARN)"),
         ("VLLM_CPU_KVCACHE_SPACE", "4", "VLLM_CPU_KVCACHE_SPACE: applies only to the cpu profile, not gb10"),
+        ("TWINSPARK_ROUTER_URL", "10.0.0.9:30000", "TWINSPARK_ROUTER_URL: is not a base URL like http://"),
+        ("TWINSPARK_ROUTER_URL", "http://10.0.0.9:30000/v1", "TWINSPARK_ROUTER_URL: is not a base URL"),
+        ("TWINSPARK_ROUTER_URL", "http://10.0.0.9:99999", "TWINSPARK_ROUTER_URL: has a port that is not 1-65535"),
+        ("TWINSPARK_ROUTER_URL", "http://10.0.0.9:30000",
+         "TWINSPARK_ROUTER_PAIR_URL: is required when TWINSPARK_ROUTER_URL is set"),
+        ("TWINSPARK_ROUTER_PAIR_URL", "ftp://10.0.0.1:8000", "TWINSPARK_ROUTER_PAIR_URL: is not a base URL"),
     ],
 )
 def test_bad_value_is_rejected_with_its_rule(tmp_path, capsys, var, value, expected):
@@ -99,6 +105,13 @@ def test_bad_value_is_rejected_with_its_rule(tmp_path, capsys, var, value, expec
     code, lines = check_with(tmp_path, capsys, **changes)
     assert code == 2
     assert any(line.startswith(expected) for line in lines), lines
+
+
+def test_a_router_and_its_pair_url_validate_and_lose_a_trailing_slash(tmp_path, capsys):
+    code, lines = check_with(tmp_path, capsys, TWINSPARK_ROUTER_URL="http://10.0.0.9:30000/",
+                             TWINSPARK_ROUTER_PAIR_URL="https://10.0.0.1:8000")
+    assert code == 0, lines
+    assert validate.base_url(" http://10.0.0.9:30000/ ") == "http://10.0.0.9:30000"
 
 
 def test_every_problem_is_reported_at_once(tmp_path, capsys):

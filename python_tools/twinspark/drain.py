@@ -28,6 +28,8 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from twinspark import validate
+
 ROUTER_URL_ENV = "TWINSPARK_ROUTER_URL"
 PAIR_URL_ENV = "TWINSPARK_ROUTER_PAIR_URL"
 DEFAULT_IDLE_TIMEOUT_S = 120.0
@@ -51,12 +53,11 @@ class RouterRef:
 
 
 def _http_url(value: str, env: str) -> str:
-    parsed = urllib.parse.urlsplit(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") \
-            or parsed.query or parsed.fragment:
-        raise ValueError(f"{env}={value!r} is not a base URL like http://10.0.0.5:30000; set "
-                         f"{env.lower()} in the inventory and render the env files with site.yml")
-    return value.rstrip("/")
+    try:
+        return validate.base_url(value)
+    except ValueError as error:
+        raise ValueError(f"{env}={value!r} {error}; set {env.lower()} in the inventory and render the env files "
+                         "with site.yml") from None
 
 
 def router_from_env(env: Mapping[str, str], key: str | None) -> RouterRef | None:

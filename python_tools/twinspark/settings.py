@@ -19,7 +19,7 @@ FLAVOURS = ("stock", "fork")
 CONCERNS = ("cluster", "fabric", "serving", "model", "security")
 TYPES = (
     "str", "int", "float", "bool", "choice", "port", "ipv4", "ip", "path", "model", "revision", "ifname", "hca",
-    "keys", "passthrough", "names",
+    "keys", "passthrough", "names", "url",
 )
 PASSES = ("env", "arg", "launcher")
 FILES = ("serve", "secrets")
@@ -126,6 +126,7 @@ class Knob:
             "passthrough": "any text, handed on unchanged",
             "names": "environment variable names separated by spaces or commas",
             "str": "text on one line",
+            "url": "a base URL, http(s)://host[:port], no path",
         }[self.type]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -199,6 +200,27 @@ def _str(knob: Knob, text: str) -> str:
     return _single_line(text)
 
 
+def base_url(text: str) -> str:
+    """A base URL (http or https, a host, no path, query or fragment) without its trailing slash; ValueError says
+    why not. The rule of the `url` type, and of the drain's router URLs on the node (twinspark.drain)."""
+    parsed = urllib.parse.urlsplit(text.strip())
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a port that is not a number or out of range
+    except ValueError:
+        raise ValueError("has a port that is not 1-65535") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") \
+            or parsed.query or parsed.fragment:
+        raise ValueError("is not a base URL like http://10.0.0.5:30000 (http or https, a host, no path)")
+    return text.strip().rstrip("/")
+
+
+def _url(knob: Knob, text: str) -> str:
+    try:
+        return base_url(_single_line(text))
+    except ValueError as error:
+        raise _Invalid(str(error)) from None
+
+
 def _passthrough(knob: Knob, text: str) -> str:
     return text
 
@@ -231,7 +253,7 @@ def _keys(knob: Knob, text: str) -> str:
 _NORMALISERS = {
     "str": _str, "int": _int, "float": _float, "bool": _bool, "choice": _choice, "port": _port, "ipv4": _ipv4,
     "ip": _ip, "path": _path, "model": _model, "revision": _revision, "ifname": _ifname, "hca": _hca,
-    "keys": _keys, "passthrough": _passthrough, "names": _names,
+    "keys": _keys, "passthrough": _passthrough, "names": _names, "url": _url,
 }
 
 
@@ -372,6 +394,11 @@ def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
     if values.get("NCCL_IB_GID_AUTO") == "0" and "NCCL_IB_GID_INDEX" not in values:
         problems.append(Problem("NCCL_IB_GID_INDEX", "is required when NCCL_IB_GID_AUTO=0; pin it, or set "
                                                      "NCCL_IB_GID_AUTO=1 to resolve it on each node at start"))
+    if values.get("TWINSPARK_ROUTER_URL") and not values.get("TWINSPARK_ROUTER_PAIR_URL"):
+        problems.append(Problem("TWINSPARK_ROUTER_PAIR_URL", "is required when TWINSPARK_ROUTER_URL is set: the "
+                                                             "drain must tell the router which pair to take out; "
+                                                             "set it to this pair's entry in the router's "
+                                                             "--worker-urls"))
     model = values.get("MODEL", "")
     if model.startswith("/") and values.get("MODEL_REVISION"):
         problems.append(Problem("MODEL_REVISION", f"must be empty for a local model directory (MODEL={model}); "
