@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration
+.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-fleet sim-fleet-smoke
 
 $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,17 +32,20 @@ test: lint unit
 PURGE ?=
 
 sim-up:
-	scripts/sim/up
+	TWINSPARK_SIM_FLEET=$(FLEET) scripts/sim/up
 
 sim-down:
 	scripts/sim/down $(if $(PURGE),--purge)
 
 sim-status:
-	scripts/sim/status
+	TWINSPARK_SIM_FLEET=$(FLEET) scripts/sim/status
 
 # The README's main job: the pair if missing, site.yml on it, health, one chat answer, time per phase.
+# FLEET=1: the simulated fleet instead (two pairs and a router node, inventory/sim-fleet, docs/FLEET.md).
+FLEET ?=
+
 demo: setup
-	scripts/sim/demo
+	TWINSPARK_SIM_FLEET=$(FLEET) scripts/sim/demo
 
 # The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
 # every playbook run against the pair does.
@@ -53,6 +56,15 @@ sim-test: setup
 # changes nothing on the second and serves: fresh nodes, about 15 minutes. Not part of sim-test (CI's time budget).
 sim-migration: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH scripts/sim/migration-check
+
+# The simulated fleet (two pairs and a router node, docs/FLEET.md): demo, second run, memory, the key on every path,
+# a head SIGKILL and a rolling restart under a client loop through the router. About N minutes from built nodes.
+sim-fleet: setup
+	scripts/sim/fleet-check
+
+# CI's share of it: the fleet demo, the key check and a shorter head-SIGKILL loop.
+sim-fleet-smoke: setup
+	scripts/sim/fleet-check --smoke
 
 # With the pair down, prove no packet for a node can leave this machine: safety-net routes and every tool refusing.
 sim-airtight: setup

@@ -15,35 +15,8 @@ pytestmark = pytest.mark.skipif(
     PYTHON is None, reason="vllm-router 0.1.17 is not installed here (make setup installs it; or set "
                            "TWINSPARK_ROUTER_PYTHON to an interpreter that has it)")
 
-# Every path the router 0.1.17 serves (its src/server.rs build_app: protected, public, admin and worker routes),
-# plus one it does not (handled by its transparent-proxy fallback).
-PATHS = [
-    ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"),
-    ("POST", "/inference/v1/generate"), ("POST", "/rerank"), ("POST", "/v1/rerank"), ("POST", "/v1/responses"),
-    ("POST", "/v1/embeddings"), ("GET", "/v1/responses/x"), ("POST", "/v1/responses/x/cancel"),
-    ("DELETE", "/v1/responses/x"), ("GET", "/v1/responses/x/input"),
-    ("GET", "/liveness"), ("GET", "/readiness"), ("GET", "/health"), ("GET", "/health_generate"),
-    ("GET", "/v1/models"), ("GET", "/get_model_info"), ("GET", "/get_server_info"),
-    ("POST", "/add_worker?url=http://127.0.0.1:9"), ("POST", "/remove_worker?url=http://127.0.0.1:9"),
-    ("GET", "/list_workers"), ("POST", "/flush_cache"), ("GET", "/get_loads"), ("GET", "/scheduling/diagnostics"),
-    ("POST", "/finish_session?session_id=s"), ("POST", "/workers"), ("GET", "/workers"), ("GET", "/workers/x"),
-    ("DELETE", "/workers/x"), ("GET", "/metrics"), ("GET", "/no-such-path"),
-]
-
-
-# Well-formed bodies, so that the refusal comes from the key check and not from the router's body parsing
-# (a malformed body is answered 422 before the handler, and so before the key check, runs).
-BODIES = {
-    "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
-    "/v1/completions": {"model": "tiny", "prompt": "hi"},
-    "/generate": {"text": "hi"},
-    "/inference/v1/generate": {"model": "tiny", "token_ids": [1, 2], "sampling_params": {}},
-    "/rerank": {"query": "q", "documents": ["d"]},
-    "/v1/rerank": {"query": "q", "documents": ["d"]},
-    "/v1/responses": {"model": "tiny", "input": "hi"},
-    "/v1/embeddings": {"model": "tiny", "input": "hi"},
-    "/workers": {"url": "http://127.0.0.1:9"},
-}
+PATHS = routerprobe.ROUTER_PATHS
+BODIES = routerprobe.ROUTER_BODIES
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,12 @@ pair_is_running() {
     launcher_pid "$n" >/dev/null || return 1
     ip link show "$(host_veth "$n")" >/dev/null 2>&1 || return 1
   done
+  # A node of the other layout still running (the fleet's node3..node5 when the pair is asked for): not this layout.
+  for n in "${ALL_NODES[@]}"; do
+    is_in_layout "$n" || ! launcher_pid "$n" >/dev/null || return 1
+  done
 }
+is_in_layout() { local m; for m in "${NODES[@]}"; do [ "$m" = "$1" ] && return 0; done; return 1; }
 
 ensure_apt_cache() {
   if acng_listening; then log "apt-cacher-ng running (pid $(acng_pid))"; return 0; fi
@@ -53,9 +58,15 @@ network_up() {
     ip netns add "$n"
     ip -n "$n" link set lo up
   done
-  # The interconnect: no address and the default MTU; the spark_fabric role makes it 10.77.0.x/24 at MTU 9000.
-  ip link add ic0 netns "${NODES[0]}" type veth peer name ic0 netns "${NODES[1]}"
-  for n in "${NODES[@]}"; do ip -n "$n" link set ic0 up; done
+  # The interconnect, one per pair: no address and the default MTU; the spark_fabric role makes it 10.77.0.x/24 at
+  # MTU 9000. A fleet's pairs each get their own veth (their own namespaces), so they never see each other's fabric.
+  local pair a b
+  for pair in "${PAIRS[@]}"; do
+    read -r a b <<<"$pair"
+    ip link add ic0 netns "$a" type veth peer name ic0 netns "$b"
+    ip -n "$a" link set ic0 up
+    ip -n "$b" link set ic0 up
+  done
   ip link add "$BRIDGE" type bridge
   ip addr add "$HOST_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up

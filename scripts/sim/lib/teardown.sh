@@ -70,14 +70,15 @@ stop_apt_cache() {
 
 teardown() {
   local purge=${1:-} n
-  for n in "${NODES[@]}"; do stop_node "$n"; done
-  for n in "${NODES[@]}"; do remove_node_traces "$n"; done
+  # Every node either layout builds (ALL_NODES): switching between the pair and the fleet leaves nothing behind.
+  for n in "${ALL_NODES[@]}"; do stop_node "$n"; done
+  for n in "${ALL_NODES[@]}"; do remove_node_traces "$n"; done
   stop_apt_cache
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
   # The safety net's blackhole routes stay (see safety_net in common.sh): with the bridge gone they are what keeps
   # a late packet for a simulated address on this machine.
   if [ "$purge" = --purge ]; then
-    for n in "${NODES[@]}"; do rm -rf "${SIM_DIR:?}/nodes/$n"; done
+    for n in "${ALL_NODES[@]}"; do rm -rf "${SIM_DIR:?}/nodes/$n"; done
     log "node disks removed"
   fi
 }
