@@ -50,10 +50,24 @@ def _own_pair_groups(host_name, groups, all_hostvars):
     plain = _plain_hostvars(all_hostvars, groups)
     if not fleet.is_fleet(plain, groups):
         return groups
-    for pair in fleet.pairs(plain, groups)[0]:
-        if host_name in (pair.head, pair.worker):
-            return fleet.pair_groups(pair)
-    return groups
+    pair = fleet.own_pair(host_name, plain, groups)
+    return fleet.pair_groups(pair) if pair else groups
+
+
+def twinspark_own_pair(host_name, *args):
+    """host_name's own pair as {name, head, worker, hosts: [head, worker]} (rule: twinspark.fleet.own_pair), e.g.
+    inventory_hostname | twinspark_own_pair(groups, hostvars); the roles read it through twinspark_layout."""
+    _, groups, all_hostvars = _split_args(args)
+    plain = _plain_hostvars(all_hostvars, groups)
+    try:
+        pair = fleet.own_pair(str(host_name), plain, groups)
+    except nodeenv.NodeEnvError as error:
+        raise AnsibleFilterError("invalid TwinSpark inventory:\n" + str(error)) from None
+    if pair is None:
+        raise AnsibleFilterError(f"{host_name}: is in no well-formed pair of this fleet inventory; put it in its "
+                                 f"pair's group under {fleet.SINGLE_PAIR} (playbooks/validate.yml names what is "
+                                 "wrong) or leave it out of the play")
+    return {"name": pair.name, "head": pair.head, "worker": pair.worker, "hosts": [pair.head, pair.worker]}
 
 
 def twinspark_node_env(host_vars, *args):
@@ -131,6 +145,7 @@ class FilterModule:
     def filters(self):
         return {
             "twinspark_node_env": twinspark_node_env,
+            "twinspark_own_pair": twinspark_own_pair,
             "twinspark_pair_problems": twinspark_pair_problems,
             "twinspark_env_file": twinspark_env_file,
             "twinspark_tls_files": twinspark_tls_files,

@@ -48,7 +48,7 @@ def fleet_inventory():
         "vars": {"twinspark_vllm_api_key": "fleet-test-only-key",
                  "vllm_service_api_allowed_networks": ["192.0.2.0/24"]},
         "children": {
-            "twinspark_fleet": {"children": {"pair_a": pair("pair_a", "a1", "a2", 1),
+            "twinspark_pair": {"children": {"pair_a": pair("pair_a", "a1", "a2", 1),
                                              "pair_b": pair("pair_b", "b1", "b2", 2)}},
             "twinspark_head": {"hosts": {"a1": None, "b1": None}},
             "twinspark_worker": {"hosts": {"a2": None, "b2": None}},
@@ -96,7 +96,7 @@ def test_each_node_gets_its_own_pairs_env(tmp_path):
 
 def test_a_pair_without_a_worker_is_named(tmp_path):
     tree = fleet_inventory()
-    del tree["all"]["children"]["twinspark_fleet"]["children"]["pair_b"]["hosts"]["b2"]
+    del tree["all"]["children"]["twinspark_pair"]["children"]["pair_b"]["hosts"]["b2"]
     del tree["all"]["children"]["twinspark_worker"]["hosts"]["b2"]
     problems, *_ = problems_of(tmp_path, tree)
     assert problems == ["pair pair_b: has 0 workers (none); it needs exactly one host that is both in group pair_b "
@@ -112,7 +112,7 @@ def test_a_pair_without_a_head_is_named(tmp_path):
 
 def test_a_node_in_two_pairs_is_named(tmp_path):
     tree = fleet_inventory()
-    tree["all"]["children"]["twinspark_fleet"]["children"]["pair_b"]["hosts"]["a2"] = None
+    tree["all"]["children"]["twinspark_pair"]["children"]["pair_b"]["hosts"]["a2"] = None
     problems, *_ = problems_of(tmp_path, tree)
     assert any(line.startswith("a2: is in two pairs (pair_a, pair_b)") for line in problems), problems
 
@@ -147,7 +147,7 @@ def test_a_router_naming_an_unknown_pair_is_named(tmp_path):
 
 def test_a_pair_name_that_is_not_a_group_is_named():
     hostvars = {h: {"twinspark_pair_name": "p"} for h in ("h", "w")}
-    groups = {"all": ["h", "w"], "twinspark_head": ["h"], "twinspark_worker": ["w"]}
+    groups = {"all": ["h", "w"], "twinspark_pair": ["h", "w"], "twinspark_head": ["h"], "twinspark_worker": ["w"]}
     lines = fleet.problems(hostvars, groups)
     assert lines == ["pair p: no inventory group is called p; make the pair a group of that name holding its head "
                      "and worker (so --limit p means the pair)"]
@@ -155,15 +155,15 @@ def test_a_pair_name_that_is_not_a_group_is_named():
 
 def test_once_one_pair_is_named_every_node_must_be():
     hostvars = {"a1": {"twinspark_pair_name": "pa"}, "a2": {"twinspark_pair_name": "pa"}, "b1": {}, "b2": {}}
-    groups = {"all": list(hostvars), "pa": ["a1", "a2"], "twinspark_head": ["a1", "b1"],
-              "twinspark_worker": ["a2", "b2"]}
+    groups = {"all": list(hostvars), "twinspark_pair": list(hostvars), "pa": ["a1", "a2"],
+              "twinspark_head": ["a1", "b1"], "twinspark_worker": ["a2", "b2"]}
     lines = fleet.problems(hostvars, groups)
     assert [line.split(":")[0] for line in lines] == ["b1", "b2"]
 
 
 def test_a_fabric_address_shared_by_two_pairs_is_named(tmp_path):
     tree = fleet_inventory()
-    tree["all"]["children"]["twinspark_fleet"]["children"]["pair_b"]["hosts"]["b1"]["twinspark_fabric_address"] = \
+    tree["all"]["children"]["twinspark_pair"]["children"]["pair_b"]["hosts"]["b1"]["twinspark_fabric_address"] = \
         "198.51.1.1"
     problems, *_ = problems_of(tmp_path, tree)
     assert ("twinspark_fabric_address: 198.51.1.1 is set on a1 (pair pair_a), b1 (pair pair_b); every node needs "
@@ -172,7 +172,7 @@ def test_a_fabric_address_shared_by_two_pairs_is_named(tmp_path):
 
 def test_a_pairs_own_settings_problem_carries_the_pairs_name(tmp_path):
     tree = copy.deepcopy(fleet_inventory())
-    tree["all"]["children"]["twinspark_fleet"]["children"]["pair_b"]["hosts"]["b2"]["twinspark_vllm_port"] = "x"
+    tree["all"]["children"]["twinspark_pair"]["children"]["pair_b"]["hosts"]["b2"]["twinspark_vllm_port"] = "x"
     problems, *_ = problems_of(tmp_path, tree)
     assert problems and all(line.startswith("pair pair_b: ") for line in problems), problems
 
@@ -194,7 +194,7 @@ def test_validate_playbook_accepts_a_fleet_and_names_a_broken_one(tmp_path):
     import subprocess
 
     tree = fleet_inventory()
-    hosts = [host for group in tree["all"]["children"]["twinspark_fleet"]["children"].values()
+    hosts = [host for group in tree["all"]["children"]["twinspark_pair"]["children"].values()
              for host in group["hosts"].values()]
     for number, host in enumerate(hosts, start=1):
         host["ansible_host"] = f"127.0.0.{number}"
@@ -229,7 +229,7 @@ def test_the_fleet_variables_are_not_taken_for_misspelt_settings(name):
 
 def test_a_pair_whose_firewall_would_refuse_the_router_is_named(tmp_path):
     tree = fleet_inventory()
-    tree["all"]["children"]["twinspark_fleet"]["children"]["pair_b"]["vars"]["vllm_service_api_allowed_networks"] = [
+    tree["all"]["children"]["twinspark_pair"]["children"]["pair_b"]["vars"]["vllm_service_api_allowed_networks"] = [
         "198.51.100.0/24"]
     problems, *_ = problems_of(tmp_path, tree)
     assert problems == [

@@ -6,7 +6,12 @@ The layout (docs/FLEET.md, "Inventory"):
   * Several pairs: each pair is an inventory group of its own (its name is the pair's name, so `--limit pair_a`
     means that pair) holding its two hosts and the group variable `twinspark_pair_name: <the group's name>`; each
     host is also in `twinspark_head` or `twinspark_worker` as before.
+  * The pair groups sit under the group `twinspark_pair`, the group every node play targets (one-pair inventories
+    have it already), so one site.yml run provisions every pair; the router is not in it.
   * A router: hosts in `twinspark_router`. It fronts every pair, or the pairs named in `twinspark_router_pairs`.
+
+`own_pair(host, host_vars, groups)` is the one rule that tells a node which pair it belongs to (its head, worker and
+both hosts); the roles read it through the filter twinspark_own_pair.
 
 `problems(host_vars, groups)` returns one line per problem, each naming the host, group or variable and the fix.
 Only the fleet's own rules live here; each pair's settings are still checked by nodeenv.pair_envs, pair by pair
@@ -20,6 +25,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from twinspark import nodeenv
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -35,7 +42,7 @@ API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
 DEFAULT_API_PORT = 8888  # settings.yml VLLM_PORT's default; a test keeps the two equal
 DEFAULT_ROUTER_PORT = 30000
 DEFAULT_ROUTER_METRICS_PORT = 29000
-RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP})
+RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP, SINGLE_PAIR})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -128,6 +135,32 @@ def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Seque
     return found, problems
 
 
+def own_pair(host: str, host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> Pair | None:
+    """The pair `host` belongs to. On a fleet inventory: the well-formed pair (pairs()) holding it, None when no such
+    pair holds it. On a one-pair inventory: the one pair, named SINGLE_PAIR (nodeenv.pair_hosts, which raises
+    NodeEnvError naming the group problems when there is not exactly one head and one worker)."""
+    if not is_fleet(host_vars, groups):
+        head, worker = nodeenv.pair_hosts(groups)
+        return Pair(SINGLE_PAIR, head, worker)
+    return next((pair for pair in pairs(host_vars, groups)[0] if host in (pair.head, pair.worker)), None)
+
+
+def placement_problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """Where pair nodes and routers sit: on a fleet every pair node is in group twinspark_pair (the group the node
+    plays target, so one site.yml run reaches every pair); on any inventory a router is not."""
+    lines: list[str] = []
+    inside = set(_members(groups, SINGLE_PAIR))
+    if is_fleet(host_vars, groups):
+        for pair in pairs(host_vars, groups)[0]:
+            lines += [f"{host}: is a node of pair {pair.name} but not in group {SINGLE_PAIR}, so no node play reaches "
+                      f"it; put the pair groups under {SINGLE_PAIR} (children of {SINGLE_PAIR} in hosts.yml)"
+                      for host in (pair.head, pair.worker) if host not in inside]
+    lines += [f"{router}: is in {ROUTER_GROUP} and in {SINGLE_PAIR}, so the node plays would run on the router; "
+              f"keep the router beside the pair groups, out of {SINGLE_PAIR}"
+              for router in _members(groups, ROUTER_GROUP) if router in inside]
+    return lines
+
+
 def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple[list[Pair], list[str]]:
     """The pairs one router fronts, and the problems of its twinspark_router_pairs."""
     chosen = router_vars.get(ROUTER_PAIRS_VAR)
@@ -145,6 +178,7 @@ def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple
 def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> list[str]:
     """Every fleet-level problem, one line each: pair membership, the router, port and fabric-address clashes."""
     found, lines = pairs(host_vars, groups)
+    lines += placement_problems(host_vars, groups)
     routers = _members(groups, ROUTER_GROUP)
     for router in routers:
         fronted, router_lines = router_pairs(host_vars.get(router, {}), found)
