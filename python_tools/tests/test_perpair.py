@@ -12,7 +12,7 @@ import pytest
 import yaml
 from test_fleet_inventory import fleet_inventory, problems_of
 
-from twinspark import fleet, generate, nodeenv
+from twinspark import fleet, generate
 
 ROOT = generate.repo_root()
 FLEET = ROOT / "inventory" / "fleet-example"
@@ -89,6 +89,29 @@ def test_each_fleet_node_resolves_its_own_pair(fleet_eval, host):
     assert fleet_eval(host, "{{ fabric_check_worker }}") == worker
 
 
+def test_a_one_pair_inventory_with_two_heads_reports_its_problem(tmp_path):
+    tree = {"all": {"children": {"twinspark_pair": {"children": {
+        "twinspark_head": {"hosts": {"h1": None, "h2": None}}, "twinspark_worker": {"hosts": {"w": None}}}}}}}
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(tree))
+    _, evaluate = evaluator(path)
+    assert evaluate("w", "{{ twinspark_layout_head_host }}") == "h1"  # the first head, as always
+    assert evaluate("w", "{{ twinspark_layout_pair.problems | length }}") == 1
+    assert not _pair_check_passes(evaluate, "w")
+
+
+def _pair_check_passes(evaluate, host):
+    """vllm_service's own check of the pair (tasks/assert.yml), its conditions evaluated for host."""
+    tasks = yaml.safe_load((ROOT / "roles/vllm_service/tasks/assert.yml").read_text())
+    that = next(t for t in tasks if t["name"].startswith("Check that this node's pair"))["ansible.builtin.assert"]
+    return all(evaluate(host, "{{ " + condition + " }}") for condition in that["that"])
+
+
+@pytest.mark.parametrize("host", sorted(FLEET_EXPECTED))
+def test_vllm_services_pair_check_passes_on_every_fleet_node(fleet_eval, host):
+    assert _pair_check_passes(fleet_eval, host)
+
+
 def test_the_router_of_a_fleet_has_no_pair_and_says_so(fleet_eval):
     with pytest.raises(Exception, match=r"router-1: is in no well-formed pair of this fleet inventory"):
         fleet_eval("router-1", "{{ twinspark_layout_head_host }}")
@@ -109,8 +132,11 @@ def test_the_simulated_pair_resolves_as_before():
 def test_own_pair_rule_one_pair_and_fleet():
     one = {"all": ["h", "w"], "twinspark_head": ["h"], "twinspark_worker": ["w"]}
     assert fleet.own_pair("w", {}, one) == fleet.Pair("twinspark_pair", "h", "w")
-    with pytest.raises(nodeenv.NodeEnvError, match="twinspark_head"):
-        fleet.own_pair("h", {}, {**one, "twinspark_head": ["h", "w2"]})
+    # groups the one-pair rule refuses are read as the roles always read them (first host of each), never raised
+    # here: playbooks/validate.yml refuses them before any host is touched
+    assert fleet.own_pair("h", {}, {**one, "twinspark_head": ["h", "h2"]}) == fleet.Pair("twinspark_pair", "h", "w")
+    partial = fleet.own_pair("h", {}, {"all": ["h"], "twinspark_head": ["h"]})
+    assert partial == fleet.Pair("twinspark_pair", "h", "") and partial.hosts == ["h"]
     named = {h: {"twinspark_pair_name": p} for h, p in (("a1", "pa"), ("a2", "pa"), ("b1", "pb"), ("b2", "pb"))}
     groups = {"all": [*named, "r"], "pa": ["a1", "a2"], "pb": ["b1", "b2"], "twinspark_head": ["a1", "b1"],
               "twinspark_worker": ["a2", "b2"], "twinspark_router": ["r"]}
