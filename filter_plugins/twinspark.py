@@ -55,19 +55,19 @@ def _own_pair_groups(host_name, groups, all_hostvars):
 
 
 def twinspark_own_pair(host_name, *args):
-    """host_name's own pair as {name, head, worker, hosts: [head, worker]} (rule: twinspark.fleet.own_pair), e.g.
-    inventory_hostname | twinspark_own_pair(groups, hostvars); the roles read it through twinspark_layout."""
+    """host_name's own pair as {name, head, worker, hosts: [head, worker], problems} (rule: twinspark.fleet.own_pair),
+    e.g. inventory_hostname | twinspark_own_pair(groups, hostvars); the roles read it through twinspark_layout.
+    problems: what is wrong with a one-pair inventory's groups (nodeenv.group_problems), [] on a fleet, whose pairs
+    are only ever returned well-formed."""
     _, groups, all_hostvars = _split_args(args)
     plain = _plain_hostvars(all_hostvars, groups)
-    try:
-        pair = fleet.own_pair(str(host_name), plain, groups)
-    except nodeenv.NodeEnvError as error:
-        raise AnsibleFilterError("invalid TwinSpark inventory:\n" + str(error)) from None
+    pair = fleet.own_pair(str(host_name), plain, groups)
     if pair is None:
         raise AnsibleFilterError(f"{host_name}: is in no well-formed pair of this fleet inventory; put it in its "
                                  f"pair's group under {fleet.SINGLE_PAIR} (playbooks/validate.yml names what is "
                                  "wrong) or leave it out of the play")
-    return {"name": pair.name, "head": pair.head, "worker": pair.worker, "hosts": [pair.head, pair.worker]}
+    problems = [] if fleet.is_fleet(plain, groups) else nodeenv.group_problems(groups)
+    return {"name": pair.name, "head": pair.head, "worker": pair.worker, "hosts": pair.hosts, "problems": problems}
 
 
 def twinspark_node_env(host_vars, *args):

@@ -52,6 +52,11 @@ class Pair:
     head: str
     worker: str
 
+    @property
+    def hosts(self) -> list[str]:
+        """The pair's hosts, head first; a partial one-pair inventory (see own_pair) lists only those it has."""
+        return [host for host in (self.head, self.worker) if host]
+
 
 def _members(groups: Mapping[str, Sequence[str]], name: str) -> list[str]:
     return list(groups.get(name) or [])
@@ -137,11 +142,14 @@ def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Seque
 
 def own_pair(host: str, host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> Pair | None:
     """The pair `host` belongs to. On a fleet inventory: the well-formed pair (pairs()) holding it, None when no such
-    pair holds it. On a one-pair inventory: the one pair, named SINGLE_PAIR (nodeenv.pair_hosts, which raises
-    NodeEnvError naming the group problems when there is not exactly one head and one worker)."""
+    pair holds it. On a one-pair inventory: the one pair, named SINGLE_PAIR (nodeenv.pair_hosts); when its groups are
+    not exactly one head and one worker (a role run on one host, say), the first host of each group, "" for an empty
+    one, exactly as the roles always read it: playbooks/validate.yml and the roles' asserts name what is wrong."""
     if not is_fleet(host_vars, groups):
-        head, worker = nodeenv.pair_hosts(groups)
-        return Pair(SINGLE_PAIR, head, worker)
+        if not nodeenv.group_problems(groups):
+            return Pair(SINGLE_PAIR, *nodeenv.pair_hosts(groups))
+        heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
+        return Pair(SINGLE_PAIR, heads[0] if heads else "", workers[0] if workers else "")
     return next((pair for pair in pairs(host_vars, groups)[0] if host in (pair.head, pair.worker)), None)
 
 
