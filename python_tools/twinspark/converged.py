@@ -1,0 +1,105 @@
+"""Converged-state rules: is a task's target already as the task would leave it? Plain functions over what one
+`ansible.builtin.find` on the node returned, so a converged run skips per-file or per-item round trips.
+
+Each rule answers conservatively: whenever it cannot be sure nothing would change (an entry it does not model, a
+link, an unknown owner), it says "not converged" and the role runs its original task, which then decides and reports
+exactly as before. A wrong "converged" would hide a change, so every rule only says so on an exact match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+
+def _by_path(found: Iterable[Mapping]) -> dict[str, Mapping]:
+    """find's `files` keyed by normalised path."""
+    return {os.path.normpath(str(entry.get("path", ""))): entry for entry in found or []}
+
+
+def _mode_equal(found_mode: object, wanted: str) -> bool:
+    try:
+        return int(str(found_mode), 8) == int(str(wanted), 8)
+    except ValueError:
+        return False
+
+
+def tree_copy_converged(source_dir: Path, dest_dir: str, found: Iterable[Mapping], owner: str, group: str,
+                        mode: str) -> bool:
+    """True when `copy: src=<source_dir>/ dest=<dest_dir>/ owner group mode` would change nothing on the node.
+
+    `found`: find's files under dest_dir's parent or dest_dir (file_type any, hidden, get_checksum, sha1). The source
+    must hold regular files only (a subdirectory or link: False, the copy decides); each must be on the node as a
+    regular file (not a link) with the same sha1, `mode`, owner and group names. Extra files on the node do not
+    count: the copy does not remove them either.
+    """
+    source = Path(source_dir)
+    if not source.is_dir():
+        return False
+    entries = sorted(source.iterdir())
+    if not entries or any(path.is_symlink() or not path.is_file() for path in entries):
+        return False
+    on_node = _by_path(found)
+    for path in entries:
+        entry = on_node.get(os.path.normpath(os.path.join(dest_dir, path.name)))
+        if (entry is None or not entry.get("isreg") or entry.get("islnk")
+                or entry.get("checksum") != hashlib.sha1(path.read_bytes()).hexdigest()  # noqa: S324 (copy's own)
+                or not _mode_equal(entry.get("mode"), mode)
+                or entry.get("pw_name") != owner or entry.get("gr_name") != group):
+            return False
+    return True
+
+
+def _id_matches(spec: str, name: object, number: object) -> bool:
+    """A task's owner/group (a name or a number as text) against find's name and number for the entry."""
+    spec = str(spec)
+    return spec == str(number) if spec.isdigit() else spec == name
+
+
+def dirs_to_converge(names: Iterable[str], root: str, found: Iterable[Mapping] | None, owner: str, group: str,
+                     mode: str) -> list[str]:
+    """The names below `root` that `file: path=<root>/<name> state=directory owner group mode follow=false` would
+    still change, in their order; every name when `found` is None (the find did not run).
+
+    `found`: find's files directly in root (file_type any, hidden). Converged: a real directory (not a link) with
+    exactly `mode`, owned by `owner` and `group` (a name, or a number as text).
+    """
+    names = list(names)
+    if found is None:
+        return names
+    on_node = _by_path(found)
+    waiting = []
+    for name in names:
+        entry = on_node.get(os.path.normpath(os.path.join(root, str(name))))
+        if (entry is None or not entry.get("isdir") or entry.get("islnk") or not _mode_equal(entry.get("mode"), mode)
+                or not _id_matches(owner, entry.get("pw_name"), entry.get("uid"))
+                or not _id_matches(group, entry.get("gr_name"), entry.get("gid"))):
+            waiting.append(name)
+    return waiting
+
+
+def entries_present(names: Iterable[str], root: str, found: Iterable[Mapping]) -> list[dict]:
+    """The names that exist directly in `root` (links too, never followed), in their order, each as {item, path,
+    isdir, islnk, uid}: what a `stat: path=<root>/<name> follow=false` loop says of the existing ones.
+
+    `found`: find's files directly in root (file_type any, hidden). `path` is written as the stat loop would get it,
+    `<root>/<name>`.
+    """
+    on_node = _by_path(found)
+    present = []
+    for name in names:
+        path = f"{root}/{name}"
+        entry = on_node.get(os.path.normpath(path))
+        if entry is not None:
+            present.append({"item": name, "path": path, "isdir": bool(entry.get("isdir")),
+                            "islnk": bool(entry.get("islnk")), "uid": entry.get("uid")})
+    return present
+
+
+def stat_entries_present(results: Iterable[Mapping]) -> list[dict]:
+    """The same shape from a `stat` loop's results (follow=false): the existing entries only."""
+    return [{"item": result.get("item"), "path": result["stat"].get("path"), "isdir": bool(result["stat"].get("isdir")),
+             "islnk": bool(result["stat"].get("islnk")), "uid": result["stat"].get("uid")}
+            for result in results or [] if result.get("stat", {}).get("exists")]
