@@ -34,8 +34,29 @@ def twinspark_entries_present(result, root, names):
     return converged.entries_present(names, root, result.get("files", []))
 
 
+def twinspark_paths_to_remove(paths, found, root):
+    """The paths a `file: state=absent` loop would still remove: what the find directly in root listed, and every
+    path outside root or when the find was skipped."""
+    files = None if not found or found.get("skipped") else found.get("files", [])
+    return converged.paths_to_remove(paths, root, files)
+
+
+def twinspark_paths_outside(paths, root):
+    """The paths not directly in root (a directory or a list): a find there cannot speak for them."""
+    return converged.paths_outside(paths, root)
+
+
+def twinspark_unlinked_present(paths, found, root, stats):
+    """The paths that exist and are not links: from a find directly in root for those there, from a stat loop's
+    result (`stats`) for the others."""
+    return converged.unlinked_present(paths, root, found.get("files", []), stats.get("results", []))
+
+
 class FilterModule:
     def filters(self):
         return {"twinspark_tree_copy_converged": twinspark_tree_copy_converged,
                 "twinspark_dirs_to_converge": twinspark_dirs_to_converge,
-                "twinspark_entries_present": twinspark_entries_present}
+                "twinspark_entries_present": twinspark_entries_present,
+                "twinspark_paths_to_remove": twinspark_paths_to_remove,
+                "twinspark_paths_outside": twinspark_paths_outside,
+                "twinspark_unlinked_present": twinspark_unlinked_present}

@@ -156,3 +156,33 @@ def test_one_find_says_what_the_stat_loop_said_of_the_state_entries(tmp_path):
     assert [e["item"] for e in from_find] == ["models", "hf", "cache", ".dot"]  # metrics is absent, other not asked
     assert [e["item"] for e in from_find if not e["isdir"]] == ["hf", ".dot"]
     assert from_find[0]["path"] == f"{root}/models"
+
+
+def test_only_listed_paths_are_left_to_remove_and_others_are_kept(tmp_path):
+    root = tmp_path / "state"
+    root.mkdir()
+    (root / "restart-pending").write_bytes(b"")
+    (root / "ssh").symlink_to(tmp_path / "nowhere")  # a dangling link still exists for state: absent
+    paths = [f"{root}/restart-pending", f"{root}/ssh", f"{root}/gone", f"{tmp_path}/elsewhere/x"]
+    assert converged.paths_to_remove(paths, str(root), find_like(root)) == [paths[0], paths[1], paths[3]]
+    assert converged.paths_to_remove(paths, str(root) + "/", find_like(root)) == [paths[0], paths[1], paths[3]]
+    assert converged.paths_to_remove(paths, str(root), None) == paths  # no find: the loop decides for each
+    (root / "restart-pending").unlink()
+    (root / "ssh").unlink()
+    assert converged.paths_to_remove(paths[:3], str(root), find_like(root)) == []
+
+
+def test_stable_paths_from_one_find_and_a_stat_for_the_rest(tmp_path):
+    base = tmp_path / "opt"
+    base.mkdir()
+    (base / "venv").mkdir()  # the previous layout: a real directory
+    (base / "patches").symlink_to(tmp_path)  # already a link: left alone
+    outside = tmp_path / "elsewhere" / "venv"
+    paths = [f"{base}/venv", f"{base}/patches", str(outside)]
+    assert converged.paths_outside(paths, [str(base), f"{base}/dist"]) == [str(outside)]
+    stats = {"results": [{"item": str(outside), "stat": {"exists": True, "islnk": False}}]}
+    assert converged.unlinked_present(paths, [str(base)], find_like(base), stats["results"]) == [paths[0], paths[2]]
+    stats = {"results": [{"item": str(outside), "stat": {"exists": False}}]}
+    assert converged.unlinked_present(paths, [str(base)], find_like(base), stats["results"]) == [paths[0]]
+    (base / "venv").rmdir()
+    assert converged.unlinked_present(paths, [str(base)], find_like(base), []) == []

@@ -103,3 +103,47 @@ def stat_entries_present(results: Iterable[Mapping]) -> list[dict]:
     return [{"item": result.get("item"), "path": result["stat"].get("path"), "isdir": bool(result["stat"].get("isdir")),
              "islnk": bool(result["stat"].get("islnk")), "uid": result["stat"].get("uid")}
             for result in results or [] if result.get("stat", {}).get("exists")]
+
+
+def _roots(root: str | Iterable[str]) -> set[str]:
+    return {os.path.normpath(r) for r in ([root] if isinstance(root, str) else root)}
+
+
+def paths_to_remove(paths: Iterable[str], root: str | Iterable[str], found: Iterable[Mapping] | None) -> list[str]:
+    """The paths a `file: state=absent` loop would still change, in their order: those directly in `root` (one
+    directory or several) that the find listed (links included), and every path the find could not speak for
+    (another directory, or no find).
+
+    `found`: find's files directly in the root(s) (file_type any, hidden), None when the find did not run.
+    """
+    paths = list(paths)
+    if found is None:
+        return paths
+    listed = set(_by_path(found))
+    here = _roots(root)
+    return [path for path in paths
+            if os.path.dirname(os.path.normpath(path)) not in here or os.path.normpath(path) in listed]
+
+
+def paths_outside(paths: Iterable[str], root: str | Iterable[str]) -> list[str]:
+    """The paths not directly in `root` (one directory or several): those a find there cannot speak for."""
+    here = _roots(root)
+    return [path for path in paths if os.path.dirname(os.path.normpath(path)) not in here]
+
+
+def unlinked_present(paths: Iterable[str], root: str | Iterable[str], found: Iterable[Mapping],
+                     stat_results: Iterable[Mapping]) -> list[str]:
+    """The paths that exist and are not links (never followed), in their order: from the find for those directly in
+    `root`, from a `stat: follow=false` loop's results for the others (paths_outside)."""
+    listed = _by_path(found)
+    here = _roots(root)
+    stats = {result.get("item"): result.get("stat") or {} for result in stat_results or []}
+    present = []
+    for path in paths:
+        if os.path.dirname(os.path.normpath(path)) in here:
+            entry = listed.get(os.path.normpath(path))
+            if entry is not None and not entry.get("islnk"):
+                present.append(path)
+        elif stats.get(path, {}).get("exists") and not stats[path].get("islnk"):
+            present.append(path)
+    return present
