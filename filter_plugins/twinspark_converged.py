@@ -1,0 +1,62 @@
+"""Ansible filters over twinspark.converged: whether a task's target is already as the task would leave it, from
+one `find` on the node (python_tools/twinspark/converged.py holds the rules)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
+if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
+    sys.path.insert(0, str(_TOOLS))
+
+from twinspark import converged
+
+
+def twinspark_tree_copy_converged(found, source_dir, dest_dir, owner, group, mode):
+    """True when copying source_dir/ (controller) to dest_dir/ would change nothing; `found`: a find's result."""
+    files = found.get("files", []) if hasattr(found, "get") else found
+    return converged.tree_copy_converged(Path(source_dir), dest_dir, files, owner, group, mode)
+
+
+def twinspark_dirs_to_converge(names, found, root, owner, group, mode):
+    """The names below root whose `file: state=directory` task would still change; all of them when the find that
+    gave `found` was skipped."""
+    files = None if not found or found.get("skipped") else found.get("files", [])
+    return converged.dirs_to_converge(names, root, files, owner, group, mode)
+
+
+def twinspark_entries_present(result, root, names):
+    """The existing names in root as {item, path, isdir, islnk, uid}, from a find's result (file_type any, directly
+    in root) or, when the find was skipped, from a `stat` loop's result over the same names."""
+    if "results" in result:
+        return converged.stat_entries_present(result["results"])
+    return converged.entries_present(names, root, result.get("files", []))
+
+
+def twinspark_paths_to_remove(paths, found, root):
+    """The paths a `file: state=absent` loop would still remove: what the find directly in root listed, and every
+    path outside root or when the find was skipped."""
+    files = None if not found or found.get("skipped") else found.get("files", [])
+    return converged.paths_to_remove(paths, root, files)
+
+
+def twinspark_paths_outside(paths, root):
+    """The paths not directly in root (a directory or a list): a find there cannot speak for them."""
+    return converged.paths_outside(paths, root)
+
+
+def twinspark_unlinked_present(paths, found, root, stats):
+    """The paths that exist and are not links: from a find directly in root for those there, from a stat loop's
+    result (`stats`) for the others."""
+    return converged.unlinked_present(paths, root, found.get("files", []), stats.get("results", []))
+
+
+class FilterModule:
+    def filters(self):
+        return {"twinspark_tree_copy_converged": twinspark_tree_copy_converged,
+                "twinspark_dirs_to_converge": twinspark_dirs_to_converge,
+                "twinspark_entries_present": twinspark_entries_present,
+                "twinspark_paths_to_remove": twinspark_paths_to_remove,
+                "twinspark_paths_outside": twinspark_paths_outside,
+                "twinspark_unlinked_present": twinspark_unlinked_present}

@@ -1,0 +1,149 @@
+"""Converged-state rules: is a task's target already as the task would leave it? Plain functions over what one
+`ansible.builtin.find` on the node returned, so a converged run skips per-file or per-item round trips.
+
+Each rule answers conservatively: whenever it cannot be sure nothing would change (an entry it does not model, a
+link, an unknown owner), it says "not converged" and the role runs its original task, which then decides and reports
+exactly as before. A wrong "converged" would hide a change, so every rule only says so on an exact match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+
+def _by_path(found: Iterable[Mapping]) -> dict[str, Mapping]:
+    """find's `files` keyed by normalised path."""
+    return {os.path.normpath(str(entry.get("path", ""))): entry for entry in found or []}
+
+
+def _mode_equal(found_mode: object, wanted: str) -> bool:
+    try:
+        return int(str(found_mode), 8) == int(str(wanted), 8)
+    except ValueError:
+        return False
+
+
+def tree_copy_converged(source_dir: Path, dest_dir: str, found: Iterable[Mapping], owner: str, group: str,
+                        mode: str) -> bool:
+    """True when `copy: src=<source_dir>/ dest=<dest_dir>/ owner group mode` would change nothing on the node.
+
+    `found`: find's files under dest_dir's parent or dest_dir (file_type any, hidden, get_checksum, sha1). The source
+    must hold regular files only (a subdirectory or link: False, the copy decides); each must be on the node as a
+    regular file (not a link) with the same sha1, `mode`, owner and group names. Extra files on the node do not
+    count: the copy does not remove them either.
+    """
+    source = Path(source_dir)
+    if not source.is_dir():
+        return False
+    entries = sorted(source.iterdir())
+    if not entries or any(path.is_symlink() or not path.is_file() for path in entries):
+        return False
+    on_node = _by_path(found)
+    for path in entries:
+        entry = on_node.get(os.path.normpath(os.path.join(dest_dir, path.name)))
+        if (entry is None or not entry.get("isreg") or entry.get("islnk")
+                or entry.get("checksum") != hashlib.sha1(path.read_bytes()).hexdigest()  # noqa: S324 (copy's own)
+                or not _mode_equal(entry.get("mode"), mode)
+                or entry.get("pw_name") != owner or entry.get("gr_name") != group):
+            return False
+    return True
+
+
+def _id_matches(spec: str, name: object, number: object) -> bool:
+    """A task's owner/group (a name or a number as text) against find's name and number for the entry."""
+    spec = str(spec)
+    return spec == str(number) if spec.isdigit() else spec == name
+
+
+def dirs_to_converge(names: Iterable[str], root: str, found: Iterable[Mapping] | None, owner: str, group: str,
+                     mode: str) -> list[str]:
+    """The names below `root` that `file: path=<root>/<name> state=directory owner group mode follow=false` would
+    still change, in their order; every name when `found` is None (the find did not run).
+
+    `found`: find's files directly in root (file_type any, hidden). Converged: a real directory (not a link) with
+    exactly `mode`, owned by `owner` and `group` (a name, or a number as text).
+    """
+    names = list(names)
+    if found is None:
+        return names
+    on_node = _by_path(found)
+    waiting = []
+    for name in names:
+        entry = on_node.get(os.path.normpath(os.path.join(root, str(name))))
+        if (entry is None or not entry.get("isdir") or entry.get("islnk") or not _mode_equal(entry.get("mode"), mode)
+                or not _id_matches(owner, entry.get("pw_name"), entry.get("uid"))
+                or not _id_matches(group, entry.get("gr_name"), entry.get("gid"))):
+            waiting.append(name)
+    return waiting
+
+
+def entries_present(names: Iterable[str], root: str, found: Iterable[Mapping]) -> list[dict]:
+    """The names that exist directly in `root` (links too, never followed), in their order, each as {item, path,
+    isdir, islnk, uid}: what a `stat: path=<root>/<name> follow=false` loop says of the existing ones.
+
+    `found`: find's files directly in root (file_type any, hidden). `path` is written as the stat loop would get it,
+    `<root>/<name>`.
+    """
+    on_node = _by_path(found)
+    present = []
+    for name in names:
+        path = f"{root}/{name}"
+        entry = on_node.get(os.path.normpath(path))
+        if entry is not None:
+            present.append({"item": name, "path": path, "isdir": bool(entry.get("isdir")),
+                            "islnk": bool(entry.get("islnk")), "uid": entry.get("uid")})
+    return present
+
+
+def stat_entries_present(results: Iterable[Mapping]) -> list[dict]:
+    """The same shape from a `stat` loop's results (follow=false): the existing entries only."""
+    return [{"item": result.get("item"), "path": result["stat"].get("path"), "isdir": bool(result["stat"].get("isdir")),
+             "islnk": bool(result["stat"].get("islnk")), "uid": result["stat"].get("uid")}
+            for result in results or [] if result.get("stat", {}).get("exists")]
+
+
+def _roots(root: str | Iterable[str]) -> set[str]:
+    return {os.path.normpath(r) for r in ([root] if isinstance(root, str) else root)}
+
+
+def paths_to_remove(paths: Iterable[str], root: str | Iterable[str], found: Iterable[Mapping] | None) -> list[str]:
+    """The paths a `file: state=absent` loop would still change, in their order: those directly in `root` (one
+    directory or several) that the find listed (links included), and every path the find could not speak for
+    (another directory, or no find).
+
+    `found`: find's files directly in the root(s) (file_type any, hidden), None when the find did not run.
+    """
+    paths = list(paths)
+    if found is None:
+        return paths
+    listed = set(_by_path(found))
+    here = _roots(root)
+    return [path for path in paths
+            if os.path.dirname(os.path.normpath(path)) not in here or os.path.normpath(path) in listed]
+
+
+def paths_outside(paths: Iterable[str], root: str | Iterable[str]) -> list[str]:
+    """The paths not directly in `root` (one directory or several): those a find there cannot speak for."""
+    here = _roots(root)
+    return [path for path in paths if os.path.dirname(os.path.normpath(path)) not in here]
+
+
+def unlinked_present(paths: Iterable[str], root: str | Iterable[str], found: Iterable[Mapping],
+                     stat_results: Iterable[Mapping]) -> list[str]:
+    """The paths that exist and are not links (never followed), in their order: from the find for those directly in
+    `root`, from a `stat: follow=false` loop's results for the others (paths_outside)."""
+    listed = _by_path(found)
+    here = _roots(root)
+    stats = {result.get("item"): result.get("stat") or {} for result in stat_results or []}
+    present = []
+    for path in paths:
+        if os.path.dirname(os.path.normpath(path)) in here:
+            entry = listed.get(os.path.normpath(path))
+            if entry is not None and not entry.get("islnk"):
+                present.append(path)
+        elif stats.get(path, {}).get("exists") and not stats[path].get("islnk"):
+            present.append(path)
+    return present
