@@ -162,7 +162,7 @@ def list_hosts(inventory, playbook="site.yml", *extra):
     return plays
 
 
-def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_never_the_router():
+def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_the_router_only_its_own():
     plays = list_hosts(FLEET)
     nodes = {"spark-a1", "spark-a2", "spark-b1", "spark-b2"}
     pair_plays = [hosts for pattern, hosts in plays if pattern == "twinspark_pair"]
@@ -170,8 +170,10 @@ def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_never_the_rout
     assert len(pair_plays) >= 6 and head_plays
     assert all(set(hosts) == nodes for hosts in pair_plays), plays
     assert all(set(hosts) == {"spark-a1", "spark-b1"} for hosts in head_plays), plays
-    assert not any("router-1" in hosts for _, hosts in plays)
-    assert {pattern for pattern, _ in plays} <= {"localhost", "twinspark_pair", "twinspark_head"}
+    # the router is reached by its own play only (playbooks/router_service.yml), and by it alone
+    assert not any("router-1" in hosts for pattern, hosts in plays if pattern != "twinspark_router")
+    assert [hosts for pattern, hosts in plays if pattern == "twinspark_router"] == [["router-1"]]
+    assert {pattern for pattern, _ in plays} <= {"localhost", "twinspark_pair", "twinspark_head", "twinspark_router"}
 
 
 def test_limit_selects_one_pair_of_the_fleet():
