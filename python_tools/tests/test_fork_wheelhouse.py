@@ -6,15 +6,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
-import json
-import os
-import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import jinja2
+import localplay
 import pytest
 import yaml
 
@@ -188,24 +186,11 @@ def test_role_install_takes_the_pinned_wheels_and_refuses_a_flipped_byte(wheels,
     assert _installed(python) == "[('forkdep', '1.0'), ('vllm', '0.33.0+fork.1')]"
 
 
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
-
-
 def run_role(step: str, work_dir: Path, wheel_dir: Path, venv_dir: Path, fork_wheels) -> tuple[int, str, dict]:
     """tests/playbooks/vllm_runtime_fork.yml on localhost (local connection, throwaway paths); (rc, output, recap)."""
-    if not ANSIBLE_PLAYBOOK.exists():
-        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
     extra = {"step": step, "work_dir": str(work_dir), "wheel_dir": str(wheel_dir), "venv_dir": str(venv_dir),
              "fork_wheels": fork_wheels, "ansible_python_interpreter": sys.executable}
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
-         str(Path(__file__).parent / "playbooks" / "vllm_runtime_fork.yml"), "-e", json.dumps(extra)],
-        cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
-        capture_output=True, text=True, timeout=300, check=False)
-    output = done.stdout + done.stderr
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
-    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()), strict=True)) if recap else {}
-    return done.returncode, output, counts
+    return localplay.run("vllm_runtime_fork.yml", extra)
 
 
 def test_role_preflight_refuses_bad_fork_input_naming_the_variable(tmp_path):

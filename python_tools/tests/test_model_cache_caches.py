@@ -4,34 +4,22 @@ run puts back a cache's mode, owner or a removed cache."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import localplay
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 CACHES = ("vllm", "tilelang", "flashinfer", "inductor")
 
 
 def _caches(work: Path, *options: str) -> tuple[int, str, dict]:
-    if not ANSIBLE_PLAYBOOK.exists():
-        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
     extra = {"work_dir": str(work), "owner": "nobody", "ansible_python_interpreter": sys.executable}
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
-         str(Path(__file__).parent / "playbooks" / "model_cache_caches.yml"), "-e", json.dumps(extra), *options],
-        cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
-        capture_output=True, text=True, timeout=300, check=False)
-    output = done.stdout + done.stderr
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
-    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()), strict=True)) if recap else {}
-    return done.returncode, output, counts
+    return localplay.run("model_cache_caches.yml", extra, *options)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role gives the caches to another account (owner: nobody)")

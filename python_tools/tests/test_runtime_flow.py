@@ -21,12 +21,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import localplay
 import pytest
 import yaml
 from vllm_wheels import pristine_fixture  # noqa: F401  (the fixture `pristine`)
 
 ROOT = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
 
 def _b64(data: bytes) -> str:
@@ -84,20 +84,12 @@ def _prebuilt_twinspark(work: Path) -> Path:
 
 
 def _flow(work: Path, wheels: Path, *options: str) -> tuple[int, str, dict]:
-    if not ANSIBLE_PLAYBOOK.exists():
-        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
     inventory = work / "inventory.ini"
     inventory.write_text("[twinspark_pair]\nlocalhost ansible_connection=local\n[twinspark_head]\nlocalhost\n")
     extra = {"work_dir": str(work), "wheel_dir": str(wheels), "python": sys.executable, "repo": str(ROOT),
              "build_script": str(work / "build-twinspark-wheel"), "ansible_python_interpreter": sys.executable}
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory),
-         str(Path(__file__).parent / "playbooks" / "vllm_runtime_flow.yml"), "-e", json.dumps(extra), *options],
-        cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900, check=False)
-    output = done.stdout + done.stderr
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output)
-    counts = dict(zip(("ok", "changed", "failed"), map(int, recap.groups()), strict=True)) if recap else {}
-    return done.returncode, output, counts
+    return localplay.run("vllm_runtime_flow.yml", extra, *options, inventory=str(inventory), env=_environment(),
+                         timeout=900)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role writes root-owned files (owner: root)")
