@@ -62,3 +62,11 @@ def test_read_keys_skips_comments_and_refuses_an_empty_file(tmp_path: Path):
 def test_serve_refuses_to_start_without_a_key_check_url(capsys):
     assert routerlaunch.main(["serve", "--", "--worker-urls", "http://127.0.0.1:9"]) == 2
     assert "--key-check-url" in capsys.readouterr().err
+
+
+def test_processed_reads_one_workers_counter_and_zero_for_an_unknown_one():
+    text = ('vllm_router_processed_requests_total{worker="http://10.0.0.1:8888"} 12\n'
+            'vllm_router_processed_requests_total{worker="http://10.0.0.3:8888"} 7\n')
+    assert routerprobe.processed(text, "http://10.0.0.3:8888") == 7.0
+    assert routerprobe.processed(text, "http://10.0.0.1:8888") == 12.0
+    assert routerprobe.processed(text, "http://10.0.0.9:8888") == 0.0

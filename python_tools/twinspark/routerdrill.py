@@ -161,11 +161,7 @@ class Drill:
     def served_by(self, name: str) -> float:
         """The router's processed-request count for one backend (its Prometheus counter)."""
         _, text = routerprobe.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
-        prefix = f'vllm_router_processed_requests_total{{worker="{self.url(name)}"}}'
-        for line in text.splitlines():
-            if line.startswith(prefix):
-                return float(line.split()[-1])
-        return 0.0
+        return routerprobe.processed(text, self.url(name))
 
     def run_restart(self, total: int = 300, concurrency: int = 2, restart_at: int = 60) -> dict:
         """The router itself restarted (what a key or pair-list change costs) under a client loop; its figures."""

@@ -73,6 +73,12 @@ def worker_health(metrics_text: str) -> dict[str, bool]:
     return {url: float(value) >= 1 for url, value in _HEALTH.findall(metrics_text)}
 
 
+def processed(metrics_text: str, worker: str) -> float:
+    """The router's processed-request count for one worker URL, from its Prometheus text (0 when it has none yet)."""
+    prefix = f'vllm_router_processed_requests_total{{worker="{worker}"}}'
+    return sum(float(line.split()[-1]) for line in metrics_text.splitlines() if line.startswith(prefix))
+
+
 def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) -> float | None:
     """The first sample time at or after `after` whose verdict is `want`; None when none is."""
     for at, verdict in samples:

@@ -34,16 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_tools"))
 from twinspark import routerprobe  # noqa: E402
 
 
-def processed(metrics_text: str, worker: str) -> float:
-    """The router's processed-request count for one worker URL (0 when it has none yet)."""
-    prefix = f'vllm_router_processed_requests_total{{worker="{worker}"}}'
-    total = 0.0
-    for line in metrics_text.splitlines():
-        if line.startswith(prefix):
-            total += float(line.split()[-1])
-    return total
-
-
 def listed(list_workers_body: str, worker: str) -> bool | None:
     """Whether /list_workers names the worker; None when the body is not the router's list."""
     try:
@@ -102,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 text = ""
             healthy = routerprobe.worker_health(text).get(args.victim)
-            samples.append((time.monotonic(), bool(in_list) and healthy is True, processed(text, args.victim)))
+            served = routerprobe.processed(text, args.victim)
+            samples.append((time.monotonic(), bool(in_list) and healthy is True, served))
             stop.wait(1.0)
 
     def back_and_serving() -> bool:
