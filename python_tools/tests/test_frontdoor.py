@@ -124,3 +124,122 @@ def test_a_verb_ends_with_the_health_sweep_of_the_same_inventory(project, monkey
     inventory = str(project / "inventory.ini")
     assert cli.main(["deploy", "-i", inventory]) == 1
     assert asked == [inventory]
+
+
+@pytest.fixture
+def fleet_project(project):
+    """The tiny project with an upgrade and a rollback playbook, and a loopback fleet inventory of two pairs."""
+    import yaml
+    from test_fleet_inventory import fleet_inventory
+
+    (project / "playbooks").mkdir()
+    for verb in ("upgrade", "rollback"):
+        (project / "playbooks" / f"{verb}.yml").write_text(PLAYBOOK)
+    tree = fleet_inventory()
+    for number, pair in enumerate(tree["all"]["children"]["twinspark_pair"]["children"].values()):
+        for offset, host in enumerate(pair["hosts"].values(), start=1):
+            host["ansible_host"] = f"127.0.0.{10 * (number + 1) + offset}"
+    tree["all"]["children"]["twinspark_router"]["hosts"]["r1"]["ansible_host"] = "127.0.0.9"
+    tree["all"]["vars"]["vllm_service_api_allowed_networks"] = ["127.0.0.0/8"]
+    (project / "fleet.yml").write_text(yaml.safe_dump(tree))
+    return project
+
+
+def _fake_runs(monkeypatch, codes=None):
+    """Record each playbook run's extra arguments instead of running it; exit codes by --limit from `codes`."""
+    runs = []
+
+    def run_playbook(playbook, inventory, artifacts, view, project, extra_cmdline=None):
+        extra = list(extra_cmdline or [])
+        runs.append((playbook.name, extra))
+        limit = extra[extra.index("--limit") + 1] if "--limit" in extra else None
+        return (codes or {}).get(limit, 0), artifacts / "run"
+
+    monkeypatch.setattr(frontdoor, "run_playbook", run_playbook)
+    return runs
+
+
+def _fake_health(monkeypatch, codes):
+    """`twinspark health` answering the given exit codes in turn (the last one from then on)."""
+    from twinspark.health import command as health
+
+    asked = []
+
+    def check(inventory, timeout=10.0):
+        asked.append(inventory)
+        code = codes[min(len(asked), len(codes)) - 1]
+        print(f"HEALTH TABLE exit {code}")
+        return code
+
+    monkeypatch.setattr(health, "check_inventory", check)
+    monkeypatch.setattr(frontdoor, "GATE_INTERVAL", 0.0)
+    return asked
+
+
+def test_the_pairs_of_a_fleet_inventory_in_order(fleet_project):
+    assert frontdoor.fleet_pairs(str(fleet_project / "fleet.yml")) == ["pair_a", "pair_b"]
+    root = Path(__file__).resolve().parents[2]
+    assert frontdoor.fleet_pairs(str(root / "inventory" / "sim")) == []
+
+
+@pytest.mark.parametrize("verb", ["upgrade", "rollback"])
+def test_a_fleet_upgrade_walks_the_pairs_one_run_each_with_a_health_gate_after_each(fleet_project, monkeypatch,
+                                                                                    capsys, verb):
+    runs, asked = _fake_runs(monkeypatch), _fake_health(monkeypatch, [0])
+    inventory = str(fleet_project / "fleet.yml")
+    assert cli.main([verb, "-i", inventory]) == 0
+    assert runs == [(f"{verb}.yml", ["--limit", "pair_a"]), (f"{verb}.yml", ["--limit", "pair_b"])]
+    assert asked == [inventory, inventory]
+    out, err = capsys.readouterr()
+    assert f"twinspark {verb}: pair pair_a (1 of 2): playbooks/{verb}.yml --limit pair_a" in err
+    assert "pair pair_b done, fleet healthy" in err
+    assert out.count("HEALTH TABLE exit 0") == 2
+
+
+def test_a_failed_pair_stops_the_walk_before_the_next_pair(fleet_project, monkeypatch, capsys):
+    runs, asked = _fake_runs(monkeypatch, {"pair_a": 2}), _fake_health(monkeypatch, [0])
+    assert cli.main(["upgrade", "-i", str(fleet_project / "fleet.yml")]) == 2
+    assert [extra for _, extra in runs] == [["--limit", "pair_a"]]
+    assert asked == []
+    assert "twinspark upgrade: pair pair_a failed (exit 2); stopped before the pairs left: pair_b" in \
+        capsys.readouterr().err
+
+
+def test_an_unhealthy_fleet_after_a_pair_stops_the_walk_once_the_gate_times_out(fleet_project, monkeypatch, capsys):
+    runs, asked = _fake_runs(monkeypatch), _fake_health(monkeypatch, [1])
+    monkeypatch.setattr(frontdoor.time, "sleep", lambda seconds: None)
+    code = cli.main(["upgrade", "-i", str(fleet_project / "fleet.yml"), "--gate-timeout", "0"])
+    assert code == 1
+    assert [extra for _, extra in runs] == [["--limit", "pair_a"]]
+    assert len(asked) == 1
+    out, err = capsys.readouterr()
+    assert "the fleet is not healthy after pair pair_a (health exit 1" in err and "pairs left: pair_b" in err
+    assert "HEALTH TABLE exit 1" in out, "the failing gate shows its health table"
+
+
+def test_the_gate_waits_for_the_fleet_to_become_healthy(fleet_project, monkeypatch, capsys):
+    runs, asked = _fake_runs(monkeypatch), _fake_health(monkeypatch, [1, 1, 0])
+    assert cli.main(["upgrade", "-i", str(fleet_project / "fleet.yml"), "--gate-timeout", "60"]) == 0
+    assert len(runs) == 2 and len(asked) == 4
+    out, err = capsys.readouterr()
+    assert err.count("health gate after pair_a: not healthy yet (health exit 1)") == 2
+    assert "HEALTH TABLE exit 1" not in out, "only the gate's last table is shown"
+
+
+def test_a_limited_or_checked_fleet_run_is_one_run(fleet_project, monkeypatch):
+    runs, asked = _fake_runs(monkeypatch), _fake_health(monkeypatch, [0])
+    inventory = str(fleet_project / "fleet.yml")
+    assert cli.main(["upgrade", "-i", inventory, "--limit", "pair_b", "--no-health"]) == 0
+    assert runs == [("upgrade.yml", ["--limit", "pair_b"])]
+    runs.clear()
+    assert cli.main(["upgrade", "-i", inventory, "--check"]) == 0
+    assert runs == [("upgrade.yml", ["--check", "--limit", "pair_a"]),
+                    ("upgrade.yml", ["--check", "--limit", "pair_b"])]
+    assert asked == [], "--check changes nothing, so there is nothing to gate"
+
+
+def test_extra_vars_reach_the_playbook_intact(project):
+    """-e passes through ansible-runner's command line as one argument, spaces and quotes included."""
+    vars_json = '{"fail_now": true, "marker": "' + str(project / "a marker") + '"}'
+    assert cli.main(["deploy", "-i", str(project / "inventory.ini"), "--no-health", "-e", vars_json]) != 0
+    assert (project / "a marker").exists()

@@ -170,16 +170,20 @@ def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_the_router_onl
     assert len(pair_plays) >= 6 and head_plays
     assert all(set(hosts) == nodes for hosts in pair_plays), plays
     assert all(set(hosts) == {"spark-a1", "spark-b1"} for hosts in head_plays), plays
-    # the router is reached by its own play only (playbooks/router_service.yml), and by it alone
-    assert not any("router-1" in hosts for pattern, hosts in plays if pattern != "twinspark_router")
+    # the router is reached by its own play only (playbooks/router_service.yml), and by it alone; the validation play
+    # ("all", so that a --limit run is validated too) lists every host but contacts none
+    assert plays[0][0] == "all" and set(plays[0][1]) == nodes | {"router-1"}
+    assert not any("router-1" in hosts for pattern, hosts in plays if pattern not in ("twinspark_router", "all"))
     assert [hosts for pattern, hosts in plays if pattern == "twinspark_router"] == [["router-1"]]
-    assert {pattern for pattern, _ in plays} <= {"localhost", "twinspark_pair", "twinspark_head", "twinspark_router"}
+    assert {pattern for pattern, _ in plays} <= {"all", "twinspark_pair", "twinspark_head", "twinspark_router"}
 
 
 def test_limit_selects_one_pair_of_the_fleet():
     plays = list_hosts(FLEET, "site.yml", "--limit", "pair_b")
-    assert all(set(hosts) <= {"spark-b1", "spark-b2"} for pattern, hosts in plays if pattern != "localhost")
+    assert all(set(hosts) <= {"spark-b1", "spark-b2"} for _, hosts in plays)
     assert any(set(hosts) == {"spark-b1", "spark-b2"} for _, hosts in plays)
+    # the validation play is among them: a limited run is validated too
+    assert plays[0][0] == "all" and set(plays[0][1]) == {"spark-b1", "spark-b2"}
 
 
 def test_the_simulated_pairs_plays_list_its_two_nodes():
@@ -263,3 +267,38 @@ def test_upgrade_and_rollback_work_on_the_pair_of_the_head_they_run_on():
         assert "groups['twinspark_pair']" not in text and "groups['twinspark_head']" not in text, playbook
     upgrade = yaml.safe_load((ROOT / "playbooks" / "upgrade.yml").read_text())
     assert upgrade[-1]["vars"]["upgrade_nodes"] == "{{ twinspark_layout_pair_hosts }}"
+
+
+def _validate_then_reached(tmp_path):
+    """playbooks/validate.yml, then a play that only says it was reached (debug: controller only)."""
+    reached = {"name": "Reached", "hosts": "twinspark_pair", "gather_facts": False,
+               "tasks": [{"name": "Say so", "ansible.builtin.debug": {"msg": "reached {{ inventory_hostname }}"}}]}
+    path = tmp_path / "validate-then-reached.yml"
+    path.write_text(yaml.safe_dump([{"name": "Validate", "ansible.builtin.import_playbook":
+                                     str(ROOT / "playbooks" / "validate.yml")}, reached]))
+    return path
+
+
+@pytest.mark.parametrize("limit", [None, "pair_a", "a2"])
+def test_validation_judges_the_whole_inventory_whatever_the_limit_and_stops_every_host(tmp_path, limit):
+    """`--limit pair_a` (or one node) still runs the validation, on the whole inventory: a broken pair_b stops the
+    run before any play reaches a host, pair_a's included."""
+    playbook = _validate_then_reached(tmp_path)
+    inventory = _loopback_fleet(tmp_path)
+    tree = yaml.safe_load(inventory.read_text())
+    extra = ["--limit", limit] if limit else []
+
+    def run():
+        return subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(playbook),
+                               *extra], cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, timeout=300,
+                              check=False)
+
+    good = run()
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "Inventory valid:" in good.stdout and f"reached {limit if limit == 'a2' else 'a1'}" in good.stdout
+    del tree["all"]["children"]["twinspark_worker"]["hosts"]["b2"]
+    inventory.write_text(yaml.safe_dump(tree))
+    bad = run()
+    assert bad.returncode != 0
+    assert "pair pair_b: has 0 workers" in bad.stdout
+    assert "reached" not in bad.stdout

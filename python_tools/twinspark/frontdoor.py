@@ -6,6 +6,11 @@ playbooks/<verb>.yml. Instead of scrolling logs it shows the current play and ta
 ok/changed/failed counters on one redrawn line, prints each failure as it happens, keeps the run's events under
 ./artifacts/<timestamp>/ for post-mortems, and ends with the `twinspark health` table (except after stop).
 
+On a fleet (several pairs, docs/FLEET.md) `upgrade` and `rollback` without --limit walk the pairs: one run of the
+playbook per pair (`--limit <pair>`, in inventory order), and after each a health gate: the whole fleet's health
+must come back healthy (retried every GATE_INTERVAL s up to --gate-timeout) before the next pair is touched, so at
+most one pair is ever out. The first failed pair or gate stops the walk, naming the pairs left untouched.
+
 Exit codes: the playbook's own exit code when it fails (2 a host failed, 4 unreachable, ...); otherwise the health
 exit code (0 healthy, 1 degraded, 2 failed); 0 after a successful stop.
 """
@@ -13,7 +18,10 @@ exit code (0 healthy, 1 degraded, 2 failed); 0 after a successful stop.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping
@@ -40,6 +48,11 @@ HELP = {
     "rollback": "return both nodes to the previous runtime, once (playbooks/rollback.yml)",
 }
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
+# Verbs whose playbook refuses a run covering several pairs (playbooks/tasks/one_pair_at_a_time.yml): on a fleet the
+# front door runs them once per pair, with a health gate in between.
+WALKED = ("upgrade", "rollback")
+GATE_INTERVAL = 5.0
+DEFAULT_GATE_TIMEOUT = 180.0
 
 
 @dataclass
@@ -171,7 +184,7 @@ def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView
         playbook=str(playbook.resolve()),
         inventory=str(Path(inventory).resolve()) if Path(inventory).exists() else inventory,
         envvars=envvars,
-        cmdline=" ".join(extra_cmdline or []) or None,
+        cmdline=shlex.join(extra_cmdline) if extra_cmdline else None,
         quiet=True,
         event_handler=view.on_event,
         suppress_env_files=True,
@@ -197,6 +210,64 @@ def _route_refusal(inventory: str) -> str | None:
     return None
 
 
+def fleet_pairs(inventory: str) -> list[str]:
+    """The pair names of a well-formed fleet inventory of two pairs or more, in inventory order; [] otherwise (a
+    one-pair inventory, or one the playbook's own validation must name the problem of)."""
+    from twinspark import inventory as pair_inventory
+
+    try:
+        view = pair_inventory.read_fleet(inventory)
+    except pair_inventory.InventoryError:
+        return []
+    if view is None or view.problems or len(view.pairs) < 2:
+        return []
+    return [name for name, _ in view.pairs]
+
+
+def health_gate(inventory: str, after: str, timeout: float, stream: TextIO,
+                interval: float = GATE_INTERVAL) -> int:
+    """Wait until the whole fleet's health is healthy (exit 0), retrying every `interval` s up to `timeout` s, with
+    one progress line per try; prints the last health table; returns the last health exit code."""
+    from twinspark.health import command as health
+
+    started = time.monotonic()
+    while True:
+        captured = io.StringIO()
+        with contextlib.redirect_stdout(captured):
+            code = health.check_inventory(inventory, timeout=10.0)
+        waited = time.monotonic() - started
+        if code == 0 or waited + interval > timeout:
+            print(captured.getvalue(), end="")
+            return code
+        print(f"health gate after {after}: not healthy yet (health exit {code}), again in {interval:.0f} s "
+              f"({waited:.0f}/{timeout:.0f} s)", file=stream)
+        time.sleep(interval)
+
+
+def walk_pairs(args: argparse.Namespace, inventory: str, pairs: list[str], run_one) -> int:
+    """`upgrade`/`rollback` on a fleet: the playbook once per pair, each followed by the fleet's health gate; the
+    first failure stops the walk. `run_one(extra)` runs the playbook with these extra arguments, returns its exit."""
+    verb = args.verb
+    for number, pair in enumerate(pairs, start=1):
+        left = ", ".join(pairs[number:]) or "none"
+        print(f"twinspark {verb}: pair {pair} ({number} of {len(pairs)}): {PLAYBOOKS[verb]} --limit {pair}",
+              file=sys.stderr)
+        rc = run_one(["--limit", pair])
+        if rc != 0:
+            print(f"twinspark {verb}: pair {pair} failed (exit {rc}); stopped before the pairs left: {left}",
+                  file=sys.stderr)
+            return rc
+        if args.check:
+            continue
+        code = health_gate(inventory, pair, args.gate_timeout, sys.stderr)
+        if code != 0:
+            print(f"twinspark {verb}: the fleet is not healthy after pair {pair} (health exit {code}, waited up to "
+                  f"{args.gate_timeout:.0f} s); stopped before the pairs left: {left}", file=sys.stderr)
+            return code
+        print(f"twinspark {verb}: pair {pair} done, fleet healthy", file=sys.stderr)
+    return 0
+
+
 def _command(args: argparse.Namespace) -> int:
     from twinspark.inventory import default_inventory
 
@@ -211,19 +282,28 @@ def _command(args: argparse.Namespace) -> int:
         extra.append("--check")
     if args.diff:
         extra.append("--diff")
-    if args.limit:
-        extra += ["--limit", args.limit]
+    for value in args.extra_vars or []:
+        extra += ["--extra-vars", value]
     refusal = _route_refusal(inventory)
     if refusal:
         print(f"twinspark {args.verb}: {refusal}", file=sys.stderr)
         return 2
-    view = LiveView(stream=sys.stderr, redraw=sys.stderr.isatty())
-    print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
-    rc, run_dir = run_playbook(playbook, inventory, Path(args.artifacts), view, project, extra)
-    print(f"events and output kept in {run_dir}", file=sys.stderr)
+
+    def run_one(more: list[str]) -> int:
+        view = LiveView(stream=sys.stderr, redraw=sys.stderr.isatty())
+        print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
+        rc, run_dir = run_playbook(playbook, inventory, Path(args.artifacts), view, project, extra + more)
+        print(f"events and output kept in {run_dir}", file=sys.stderr)
+        if rc != 0:
+            print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} failed (exit {rc}); "
+                  + ("; ".join(view.failures[:3]) or f"see {run_dir}/stdout"), file=sys.stderr)
+        return rc
+
+    pairs = fleet_pairs(inventory) if args.verb in WALKED and not args.limit else []
+    if pairs:
+        return walk_pairs(args, inventory, pairs, run_one)
+    rc = run_one(["--limit", args.limit] if args.limit else [])
     if rc != 0:
-        print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} failed (exit {rc}); "
-              + ("; ".join(view.failures[:3]) or f"see {run_dir}/stdout"), file=sys.stderr)
         return rc
     if args.verb == "stop" or args.no_health or args.check:
         return 0
@@ -243,5 +323,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--check", action="store_true", help="ansible-playbook --check (changes nothing)")
         parser.add_argument("--diff", action="store_true", help="ansible-playbook --diff")
         parser.add_argument("--limit", help="ansible-playbook --limit")
+        parser.add_argument("-e", "--extra-vars", action="append", metavar="VARS",
+                            help="ansible-playbook --extra-vars (repeatable)")
+        if verb in WALKED:
+            parser.add_argument("--gate-timeout", type=float, default=DEFAULT_GATE_TIMEOUT, metavar="S",
+                                help="on a fleet: how long the health gate after each pair may wait for a healthy "
+                                f"fleet (default {DEFAULT_GATE_TIMEOUT:.0f} s)")
         parser.add_argument("--no-health", action="store_true", help="skip the closing health table")
         parser.set_defaults(func=_command, verb=verb, playbook=playbook)
