@@ -32,20 +32,22 @@ test: lint unit
 PURGE ?=
 
 sim-up:
-	TWINSPARK_SIM_FLEET=$(FLEET) scripts/sim/up
+	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) scripts/sim/up
 
 sim-down:
 	scripts/sim/down $(if $(PURGE),--purge)
 
 sim-status:
-	TWINSPARK_SIM_FLEET=$(FLEET) scripts/sim/status
+	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) scripts/sim/status
 
 # The README's main job: the pair if missing, site.yml on it, health, one chat answer, time per phase.
-# FLEET=1: the simulated fleet instead (two pairs and a router node, inventory/sim-fleet, docs/FLEET.md).
+# FLEET=1: the simulated fleet instead (two pairs and a router node, inventory/sim-fleet, docs/FLEET.md); with
+# PAIRS=N, N pairs and a router node (inventory written by scripts/sim/fleet-inventory.py; about 4.5 GiB per pair).
 FLEET ?=
+PAIRS ?=
 
 demo: setup
-	TWINSPARK_SIM_FLEET=$(FLEET) scripts/sim/demo
+	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) scripts/sim/demo
 
 # The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
 # every playbook run against the pair does.

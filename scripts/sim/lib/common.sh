@@ -8,17 +8,46 @@ SIM_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
 # The simulated pair: node1 (head) and node2 (worker). TWINSPARK_SIM_FLEET=1 (`make demo FLEET=1`) builds the
-# simulated fleet instead (docs/FLEET.md): two pairs, node1+node2 and node3+node4, each joined by its own ic0, and
-# node5 for the router, on the management bridge only.
+# simulated fleet instead (docs/FLEET.md): TWINSPARK_SIM_PAIRS pairs (default 2; `make demo FLEET=1 PAIRS=3`),
+# node1+node2, node3+node4, ..., each pair joined by its own ic0, and one more node for the router, on the management
+# bridge only (node5 with two pairs). Each pair costs about 4.5 GiB of memory (docs/FLEET.md).
 FLEET=${TWINSPARK_SIM_FLEET:-}
+SIM_PAIRS=${TWINSPARK_SIM_PAIRS:-}
+MAX_SIM_PAIRS=60           # 2 x 60 + 1 nodes: management addresses .1 to .121, below the host's .254
 case "$FLEET" in
-  ""|0) FLEET=""; NODES=(node1 node2); PAIRS=("node1 node2");;
-  1) NODES=(node1 node2 node3 node4 node5); PAIRS=("node1 node2" "node3 node4");;
-  *) echo "TWINSPARK_SIM_FLEET=$FLEET: use 1 (the fleet: two pairs and a router node) or leave it empty (one pair)" >&2
+  ""|0) FLEET=""
+     [ -z "$SIM_PAIRS" ] || [ "$SIM_PAIRS" = 1 ] || {
+       echo "TWINSPARK_SIM_PAIRS=$SIM_PAIRS needs TWINSPARK_SIM_FLEET=1 (make demo FLEET=1 PAIRS=$SIM_PAIRS)" >&2; exit 2; }
+     SIM_PAIRS=1;;
+  1) SIM_PAIRS=${SIM_PAIRS:-2}
+     [[ $SIM_PAIRS =~ ^[1-9][0-9]*$ ]] && [ "$SIM_PAIRS" -le "$MAX_SIM_PAIRS" ] || {
+       echo "TWINSPARK_SIM_PAIRS=$SIM_PAIRS: use a whole number of pairs from 1 to $MAX_SIM_PAIRS (default 2)" >&2; exit 2; };;
+  *) echo "TWINSPARK_SIM_FLEET=$FLEET: use 1 (the fleet: TWINSPARK_SIM_PAIRS pairs, default 2, and a router node) or" \
+       "leave it empty (one pair)" >&2
      exit 2;;
 esac
-# Every node either layout may have built: `down` stops and removes all of them, whichever layout is asked for.
-ALL_NODES=(node1 node2 node3 node4 node5)
+NODES=() PAIRS=()
+for ((pair_index = 1; pair_index <= SIM_PAIRS; pair_index++)); do
+  NODES+=("node$((2 * pair_index - 1))" "node$((2 * pair_index))")
+  PAIRS+=("node$((2 * pair_index - 1)) node$((2 * pair_index))")
+done
+unset pair_index
+ROUTER_NODE=""
+if [ -n "$FLEET" ]; then ROUTER_NODE=node$((2 * SIM_PAIRS + 1)); NODES+=("$ROUTER_NODE"); fi
+# Every node any layout may have built: this layout's, plus any other node whose disk or PID file is still here
+# (another number of pairs, the fleet after the pair): `down` stops and removes all of them, whichever layout is
+# asked for.
+all_nodes() {
+  local f
+  { printf '%s\n' "${NODES[@]}"
+    for f in "$SIM_DIR"/nodes/node* "$SIM_DIR"/run/node*.pid; do
+      [ -e "$f" ] || continue
+      f=${f##*/}; f=${f%.pid}
+      [[ $f =~ ^node[0-9]+$ ]] && echo "$f"
+    done
+  } | sort -u -V
+}
+mapfile -t ALL_NODES < <(all_nodes)
 IC_PREFIX=10.77.0          # interconnect ic0: veth straight between the nodes (the spark_fabric role addresses it)
 MGMT_PREFIX=10.78.0        # management mgmt0: one veth per node into the host bridge
 HOST_IP=$MGMT_PREFIX.254
