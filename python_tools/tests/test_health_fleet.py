@@ -207,3 +207,23 @@ def test_health_on_one_pair_prints_what_it_always_printed(tmp_path, monkeypatch,
     monkeypatch.setattr(command, "fleet_sweep", lambda *a, **k: pytest.fail("a one-pair inventory is no fleet"))
     assert command.run(_args(path)) == 0
     assert capsys.readouterr().out == report.table(results) + "\n"
+
+
+def test_the_health_other_commands_end_with_is_the_fleets_on_a_fleet(stood_in, capsys):
+    """`check_inventory` (the playbook verbs' closing table, the fleet upgrade's gate) on a fleet inventory sweeps every
+    pair and the router, as `twinspark health -i` does; before, it refused the fleet as a broken one-pair inventory."""
+    code = command.check_inventory(str(FLEET_EXAMPLE), timeout=3.0)
+    out = capsys.readouterr().out
+    assert stood_in["pairs"] == ["pair_a", "pair_b"] and len(stood_in["router"]) == 1
+    assert code == 2
+    assert out.splitlines()[-1] == "FLEET FAILED: 2 pairs (1 ok, 0 degraded, 1 failed), router ok (exit 2)"
+
+
+def test_the_health_other_commands_end_with_is_unchanged_on_one_pair(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "hosts.yml"
+    path.write_text(ONE_PAIR)
+    results = list(healthy("node"))
+    monkeypatch.setattr(command, "sweep_inventory", lambda inventory, timeout: (results, {}, {}))
+    monkeypatch.setattr(command, "fleet_sweep", lambda *a, **k: pytest.fail("a one-pair inventory is no fleet"))
+    assert command.check_inventory(str(path)) == 0
+    assert capsys.readouterr().out == report.table(results) + "\n"

@@ -237,8 +237,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_inventory(inventory: str | None, timeout: float = 10.0) -> int:
-    """`twinspark health -i INVENTORY` for another command (the playbook verbs end with it): the whole controller
-    sweep, printed as the table; the health exit code (0 healthy, 1 degraded, 2 failed)."""
+    """`twinspark health -i INVENTORY` for another command (the playbook verbs end with it, a fleet upgrade gates on
+    it): the whole controller sweep, printed as the table; the health exit code (0 healthy, 1 degraded, 2 failed).
+    A fleet inventory gets the fleet's sweep and table (every pair and the router), as `twinspark health` does."""
+    from twinspark.health.remote import InventoryError
+    from twinspark.inventory import read_fleet
+
+    try:
+        view = read_fleet(inventory or default_inventory())
+    except InventoryError as error:
+        print(f"twinspark health: {error}", file=sys.stderr)
+        return 2
+    if view is not None:
+        return answer_fleet(lambda: fleet_sweep(view, inventory, timeout))
     return answer(lambda: sweep_inventory(inventory, timeout))
 
 
