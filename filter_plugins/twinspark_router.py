@@ -22,10 +22,12 @@ def twinspark_router_worker_urls(all_hostvars, groups, router):
         raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
 
 
-def twinspark_router_exec_start(urls, python, launcher, keycheck_url, listen_host, port, metrics_port, policy):
+def twinspark_router_exec_start(urls, python, launcher, keycheck_url, listen_host, port, metrics_port, policy,
+                                worker_key_file=None):
     try:
         return routerconf.exec_start(str(python), str(launcher), str(keycheck_url), str(listen_host), int(port),
-                                     int(metrics_port), [str(u) for u in urls], str(policy))
+                                     int(metrics_port), [str(u) for u in urls], str(policy),
+                                     str(worker_key_file) if worker_key_file else None)
     except ValueError as error:
         raise AnsibleFilterError(str(error)) from None
 

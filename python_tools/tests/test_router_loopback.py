@@ -69,3 +69,20 @@ def test_a_drained_pair_loses_no_request_and_comes_back(drill):
     assert figures["actions"] == ["remove_worker 200", "add_worker 200"]
     assert figures["failed"] == 0
     assert figures["victim_served_after_back"] > 0
+
+
+@pytest.mark.parametrize("worker_key", [False, True])
+def test_tokenize_through_the_router_reaches_the_pair_with_the_key_only_with_a_worker_key_file(tmp_path, worker_key):
+    """/tokenize is proxied by the router without the client's headers: the pair gets the router's own api_key.
+    Without --worker-key-file the pair sees no key and refuses (what `twinspark bench` met through the router); with
+    it, the pair answers."""
+    key_file = tmp_path / "router.key"
+    key_file.write_text(routerdrill.KEY + "\n")
+    with routerdrill.Drill(PYTHON, delay_s=0.0, worker_key_file=key_file if worker_key else None) as running:
+        status, body = routerprobe.request(running.base, "/tokenize", routerdrill.KEY, method="POST", timeout_s=10,
+                                           body={"model": "tiny", "prompt": "one two three"})
+    if worker_key:
+        assert status == 200, body
+        assert '"count": 3' in body
+    else:
+        assert status == 401, body

@@ -72,6 +72,15 @@ def test_flags_are_accepted_by_the_routers_own_parser():
     assert kwargs["api_key_validation_urls"] == ["http://127.0.0.1:30099/"]
 
 
+def test_the_worker_key_is_the_routers_api_key_and_never_also_a_flag():
+    pytest.importorskip("vllm_router", reason="vllm-router 0.1.17 is not installed here (make setup installs it)")
+    argv = ["--worker-urls", "http://192.0.2.1:8888", *routerconf.flags()]
+    assert routerlaunch.router_kwargs(argv, ["http://127.0.0.1:30099/"])["api_key"] is None
+    assert routerlaunch.router_kwargs(argv, ["http://127.0.0.1:30099/"], "sk-pair")["api_key"] == "sk-pair"
+    with pytest.raises(ValueError, match="--api-key: give the pairs' key with --worker-key-file"):
+        routerlaunch.router_kwargs([*argv, "--api-key", "sk-in-argv"], ["http://127.0.0.1:30099/"], "sk-pair")
+
+
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="router_policy"):
         routerconf.flags("fastest")
@@ -114,6 +123,9 @@ def test_the_router_unit_needs_the_key_check_and_lists_every_pair():
     argv = exec_start(unit)
     assert argv[:4] == ["/opt/twinspark-router/venv/bin/python", "-I", "/opt/twinspark-router/routerlaunch.py", "serve"]
     assert argv[argv.index("--key-check-url") + 1] == "http://127.0.0.1:30099/"
+    # the key the router sends to the pairs on its proxied paths (/tokenize): read from the key file, never argv
+    assert argv[argv.index("--worker-key-file") + 1] == "/etc/twinspark-router/router.key"
+    assert argv.index("--worker-key-file") < argv.index("--") and "--api-key" not in argv
     urls = argv.index("--worker-urls")
     assert argv[urls + 1:urls + 3] == ["http://192.0.2.11:8888", "http://192.0.2.21:8888"]
     assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"

@@ -79,10 +79,15 @@ class Backend:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                if self.path not in ("/v1/chat/completions", "/v1/completions"):
+                if self.path not in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
                     self._send(404, b'{"error":"not found"}')
                     return
                 if not self._authorised():
+                    return
+                if self.path == "/tokenize":  # vLLM's shape: one token per word of the prompt here
+                    words = str((json.loads(raw or b"{}") or {}).get("prompt", "")).split()
+                    self._send(200, json.dumps({"count": len(words), "max_model_len": 2048,
+                                                "tokens": list(range(len(words)))}).encode())
                     return
                 try:
                     request = json.loads(raw or b"{}")

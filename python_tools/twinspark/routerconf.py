@@ -73,9 +73,11 @@ def router_url(router: Mapping[str, Any], name: str) -> str:
 
 
 def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, port: int, metrics_port: int,
-               urls: Sequence[str], policy: str = DEFAULT_POLICY) -> str:
-    """The router unit's ExecStart=: routerlaunch.py serve, the key check URL, then the router's own flags."""
-    argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, "--",
+               urls: Sequence[str], policy: str = DEFAULT_POLICY, worker_key_file: str | None = None) -> str:
+    """The router unit's ExecStart=: routerlaunch.py serve, the key check URL, the file of the key the router sends
+    to the pairs itself (its proxied paths, /tokenize among them), then the router's own flags."""
+    key = ["--worker-key-file", worker_key_file] if worker_key_file else []
+    argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, *key, "--",
             "--host", listen_host, "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--worker-urls", *urls, *flags(policy)]

@@ -70,8 +70,9 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
 
 class Drill:
     def __init__(self, python: str, delay_s: float = 0.05, extra_flags: list[str] | None = None,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, worker_key_file: Path | None = None) -> None:
         self.python = python
+        self.worker_key_file = worker_key_file
         self.delay_s = delay_s
         self.ports = {"a": free_port(), "b": free_port()}
         self.router_port, self.metrics_port, self.keycheck_port = free_port(), free_port(), free_port()
@@ -124,6 +125,7 @@ class Drill:
     def start_router(self) -> None:
         self.router = subprocess.Popen(
             [self.python, str(LAUNCHER), "serve", "--key-check-url", f"http://127.0.0.1:{self.keycheck_port}/",
+             *(["--worker-key-file", str(self.worker_key_file)] if self.worker_key_file else []),
              "--", "--host", "127.0.0.1", "--port", str(self.router_port),
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
              "--worker-urls", self.url("a"), self.url("b"), *ROUTER_FLAGS, *self.extra_flags],

@@ -12,8 +12,11 @@ venv; it imports nothing from twinspark):
 
     routerlaunch.py keycheck --listen 127.0.0.1:30099 --key-file /etc/twinspark/router.key
         answers GET with 200 when `Authorization: Bearer <key>` matches a line of the key file, else 401.
-    routerlaunch.py serve --key-check-url http://127.0.0.1:30099/ -- <vllm-router flags>
-        runs the router with that URL as its only validation URL (refuses to start without one).
+    routerlaunch.py serve --key-check-url http://127.0.0.1:30099/ [--worker-key-file F] -- <vllm-router flags>
+        runs the router with that URL as its only validation URL (refuses to start without one). With
+        --worker-key-file, the file's first key is the router's `api_key`: the key the router itself sends to the
+        pairs on the paths it proxies without the client's headers (/tokenize and the other catch-all paths); read
+        from the file so that it never shows in the process list, as `--api-key` on the command line would.
 
 The router caches each token's answer for its lifetime, good and bad alike, so a key change needs a router
 restart (the role restarts it when the key file changes) and the keycheck service must be up before the router
@@ -74,8 +77,9 @@ def keycheck_server(listen: str, keys: list[str]) -> ThreadingHTTPServer:
     return server
 
 
-def router_kwargs(router_argv: list[str], key_check_urls: list[str]) -> dict:
-    """The pyo3 Router's keyword arguments: the router's own CLI parse, plus the validation URLs."""
+def router_kwargs(router_argv: list[str], key_check_urls: list[str], worker_key: str | None = None) -> dict:
+    """The pyo3 Router's keyword arguments: the router's own CLI parse, plus the validation URLs and (when given)
+    the key the router sends to the pairs itself."""
     if not key_check_urls:
         raise ValueError("--key-check-url: at least one is required; without it vllm-router checks no client key")
     from vllm_router.launch_router import parse_router_args
@@ -94,6 +98,10 @@ def router_kwargs(router_argv: list[str], key_check_urls: list[str]) -> dict:
     for name in ("policy", "prefill_policy", "decode_policy"):
         kwargs[name] = policy_from_str(kwargs[name])
     kwargs["api_key_validation_urls"] = list(key_check_urls)
+    if worker_key is not None:
+        if kwargs.get("api_key"):
+            raise ValueError("--api-key: give the pairs' key with --worker-key-file, never on the command line")
+        kwargs["api_key"] = worker_key
     return kwargs
 
 
@@ -106,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--key-file", type=Path, required=True)
     serve = sub.add_parser("serve", help="run vllm-router with client keys required; router flags after --")
     serve.add_argument("--key-check-url", action="append", default=[])
+    serve.add_argument("--worker-key-file", type=Path,
+                       help="the key the router sends to the pairs itself: this file's first key")
     serve.add_argument("router_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     try:
@@ -116,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             thread.join()
             return 0
         router_argv = opts.router_args[1:] if opts.router_args[:1] == ["--"] else opts.router_args
-        kwargs = router_kwargs(router_argv, opts.key_check_url)
+        worker_key = read_keys(opts.worker_key_file)[0] if opts.worker_key_file else None
+        kwargs = router_kwargs(router_argv, opts.key_check_url, worker_key)
     except (OSError, ValueError) as error:
         print(f"routerlaunch: {error}", file=sys.stderr)
         return 2
