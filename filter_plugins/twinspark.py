@@ -7,6 +7,7 @@ it. The package is imported from this checkout's python_tools/ when it is not in
 from __future__ import annotations
 
 import sys
+from collections import ChainMap
 from pathlib import Path
 
 _TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
@@ -54,6 +55,17 @@ def _own_pair_groups(host_name, groups, all_hostvars):
     return fleet.pair_groups(pair) if pair else groups
 
 
+def _with_drain_defaults(host_name, groups, all_hostvars):
+    """all_hostvars, with host_name's pair's two hosts reading the drain settings the inventory implies
+    (fleet.drain_defaults) wherever they are not set by hand; set to "" they stay off."""
+    plain = _plain_hostvars(all_hostvars, groups)
+    defaults = fleet.drain_defaults(host_name, plain, groups)
+    if not defaults:
+        return all_hostvars
+    pair = fleet.own_pair(host_name, plain, groups)
+    return {host: ChainMap(all_hostvars[host], defaults) for host in pair.hosts}
+
+
 def twinspark_own_pair(host_name, *args):
     """host_name's own pair as {name, head, worker, hosts: [head, worker], problems} (rule: twinspark.fleet.own_pair),
     e.g. inventory_hostname | twinspark_own_pair(groups, hostvars); the roles read it through twinspark_layout.
@@ -74,7 +86,8 @@ def twinspark_node_env(host_vars, *args):
     """This node's env as {ENV_NAME: value} (serve and secrets together; use no_log where secrets may show)."""
     host_name, groups, all_hostvars = _split_args(args)
     host_name = host_name or str(host_vars["inventory_hostname"])
-    groups = _own_pair_groups(host_name, groups, all_hostvars)
+    pair_groups = _own_pair_groups(host_name, groups, all_hostvars)
+    all_hostvars, groups = _with_drain_defaults(host_name, groups, all_hostvars), pair_groups
     try:
         _, _, envs = _pair(groups, all_hostvars)
     except nodeenv.NodeEnvError as error:
@@ -92,9 +105,12 @@ def twinspark_pair_problems(all_hostvars, groups):
     plain = _plain_hostvars(all_hostvars, groups)
     lines = fleet.problems(plain, groups)
     if not fleet.is_fleet(plain, groups):
-        return _one_pair_problems(all_hostvars, groups) + lines
+        heads = groups.get(HEAD_GROUP) or []
+        with_drain = _with_drain_defaults(heads[0], groups, all_hostvars) if len(heads) == 1 else all_hostvars
+        return _one_pair_problems(with_drain, groups) + lines
     for pair in fleet.pairs(plain, groups)[0]:
-        lines += [f"pair {pair.name}: {line}" for line in _one_pair_problems(all_hostvars, fleet.pair_groups(pair))]
+        with_drain = _with_drain_defaults(pair.head, groups, all_hostvars)
+        lines += [f"pair {pair.name}: {line}" for line in _one_pair_problems(with_drain, fleet.pair_groups(pair))]
     return lines
 
 

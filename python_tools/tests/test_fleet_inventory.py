@@ -243,3 +243,51 @@ def test_a_router_known_by_name_only_is_not_judged_by_address():
     assert fleet.router_admission_problem("r1", {"ansible_host": "192.0.2.5"}, pair,
                                           {"vllm_service_api_allowed_networks": "192.0.2.0/28"}) is None
     assert fleet.router_admission_problem("r1", {"ansible_host": "192.0.2.5"}, pair, {}) is not None
+
+
+# --- drain settings from the inventory (fleet.drain_defaults) ----------------------------------------------------
+
+
+def _drain_env(tmp_path, tree, host):
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(tree))
+    hostvars, groups = load(path)
+    env = FILTERS.twinspark_node_env(hostvars[host], host, groups, hostvars)
+    return env.get("TWINSPARK_ROUTER_URL"), env.get("TWINSPARK_ROUTER_PAIR_URL")
+
+
+def test_each_pair_drains_through_the_router_in_front_of_it_without_setting_a_url(tmp_path):
+    tree = fleet_inventory()
+    assert _drain_env(tmp_path, tree, "a2") == ("http://192.0.2.100:30000", "http://192.0.2.11:8888")
+    assert _drain_env(tmp_path, tree, "b1") == ("http://192.0.2.100:30000", "http://192.0.2.21:8888")
+
+
+def test_urls_set_by_hand_win_and_an_empty_router_url_turns_the_drain_off(tmp_path):
+    tree = fleet_inventory()
+    pair_a = tree["all"]["children"]["twinspark_pair"]["children"]["pair_a"]["vars"]
+    pair_a["twinspark_router_url"] = "http://192.0.2.200:31000"
+    pair_a["twinspark_router_pair_url"] = "http://192.0.2.111:8888"
+    assert _drain_env(tmp_path, tree, "a1") == ("http://192.0.2.200:31000", "http://192.0.2.111:8888")
+    pair_a["twinspark_router_url"] = ""
+    del pair_a["twinspark_router_pair_url"]
+    assert _drain_env(tmp_path, tree, "a1")[0] is None
+
+
+def test_a_pair_no_router_fronts_and_a_one_pair_inventory_without_a_router_do_not_drain(tmp_path):
+    tree = fleet_inventory()
+    tree["all"]["children"]["twinspark_router"]["hosts"]["r1"]["twinspark_router_pairs"] = ["pair_a"]
+    assert _drain_env(tmp_path, tree, "a1")[0] == "http://192.0.2.100:30000"
+    assert _drain_env(tmp_path, tree, "b1") == (None, None)
+    hostvars, groups = load(ROOT / "inventory" / "sim")
+    env = FILTERS.twinspark_node_env(hostvars["node1"], "node1", groups, hostvars)
+    assert "TWINSPARK_ROUTER_URL" not in env and "TWINSPARK_ROUTER_PAIR_URL" not in env
+
+
+def test_the_simulated_fleet_drains_through_its_router_node(tmp_path):
+    """inventory/sim-fleet sets no URL: the derived ones are what it used to spell by hand."""
+    hostvars, groups = load(ROOT / "inventory" / "sim-fleet")
+    for host, head in (("node1", "10.78.0.1"), ("node2", "10.78.0.1"), ("node3", "10.78.0.3"), ("node4", "10.78.0.3")):
+        env = FILTERS.twinspark_node_env(hostvars[host], host, groups, hostvars)
+        assert (env["TWINSPARK_ROUTER_URL"], env["TWINSPARK_ROUTER_PAIR_URL"]) == (
+            "http://10.78.0.5:30000", f"http://{head}:8888")
+    assert FILTERS.twinspark_pair_problems(hostvars, groups) == []

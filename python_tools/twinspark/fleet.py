@@ -38,6 +38,9 @@ API_PORT_VAR = "twinspark_vllm_port"
 ROUTER_PORT_VAR = "twinspark_router_port"
 ROUTER_METRICS_PORT_VAR = "twinspark_router_metrics_port"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
+# Drain before touch (docs/FLEET.md): the router in front of a pair, and the pair's head as that router lists it.
+ROUTER_URL_VAR = "twinspark_router_url"
+ROUTER_PAIR_URL_VAR = "twinspark_router_pair_url"
 API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
 DEFAULT_API_PORT = 8888  # settings.yml VLLM_PORT's default; a test keeps the two equal
 DEFAULT_ROUTER_PORT = 30000
@@ -181,6 +184,26 @@ def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple
     problems = [f"{ROUTER_PAIRS_VAR}: {', '.join(unknown)} is not a pair of this inventory (pairs: "
                 f"{', '.join(by_name) or 'none'})"] if unknown else []
     return [by_name[str(name)] for name in chosen if str(name) in by_name], problems
+
+
+def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
+                   groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """The drain settings host's pair gets from the inventory when they are not set by hand: the URL of the first
+    router (twinspark_router) that fronts the pair, and the pair's head API as that router lists it in its
+    --worker-urls. {} when no router fronts the pair (a pair on its own: no drain)."""
+    from twinspark import routerconf
+
+    routers = _members(groups, ROUTER_GROUP)
+    pair = own_pair(host, host_vars, groups) if routers else None
+    if pair is None:
+        return {}
+    known, _ = pairs(host_vars, groups)
+    for router in routers:
+        fronted, _ = router_pairs(host_vars.get(router, {}), known)
+        if any(candidate.name == pair.name for candidate in fronted):
+            return {ROUTER_URL_VAR: routerconf.router_url(host_vars.get(router, {}), router),
+                    ROUTER_PAIR_URL_VAR: routerconf.head_url(host_vars.get(pair.head, {}), pair.head)}
+    return {}
 
 
 def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> list[str]:

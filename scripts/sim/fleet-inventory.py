@@ -21,8 +21,6 @@ from pathlib import Path
 MAX_PAIRS = 60  # scripts/sim/lib/common.sh MAX_SIM_PAIRS: 2 x 60 + 1 management addresses
 MGMT = "10.78.0"
 FABRIC = "10.77.0"
-API_PORT = 8888  # inventory/sim/group_vars/all: vllm_service_api_port
-ROUTER_PORT = 30000  # roles/router default router_port
 
 
 def pair_name(index: int) -> str:
@@ -61,8 +59,8 @@ def hosts_yml(pairs: int) -> str:
         "    # machine (scripts/sim/README.md, \"Network hygiene\").",
         "    ansible_ssh_common_args: -F /var/tmp/twinspark-sim/ssh/config -o StrictHostKeyChecking=no "
         "-o UserKnownHostsFile=/dev/null",
-        "    # Drain before touch (docs/FLEET.md): every pair's restarts go through this router.",
-        f"    twinspark_router_url: http://{MGMT}.{router}:{ROUTER_PORT}",
+        "    # Drain before touch (docs/FLEET.md): every pair's restarts go through the router below. Its URL and each",
+        "    # pair's URL in it (twinspark_router_url, twinspark_router_pair_url) come from this inventory.",
         "  children:",
         "    twinspark_pair:",
         "      children:",
@@ -73,7 +71,6 @@ def hosts_yml(pairs: int) -> str:
             f"        {pair_name(index)}:",
             "          vars:",
             f"            twinspark_pair_name: {pair_name(index)}",
-            f"            twinspark_router_pair_url: http://{MGMT}.{head}:{API_PORT}",
             "          hosts:",
         ]
         for node in (head, worker):
