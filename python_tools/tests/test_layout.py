@@ -240,9 +240,9 @@ def _write(tmp_path: Path, values: dict[str, str]) -> Path:
     return path
 
 
-def test_every_role_refuses_a_node_whose_pair_is_not_one_head_and_one_worker(tmp_path):
-    """The one pair check lives in role twinspark_layout (every role depends on it): two heads in a one-pair
-    inventory stop the role at entry, naming the pair, what it holds and the fix."""
+def test_the_pair_check_refuses_a_node_whose_pair_is_not_one_head_and_one_worker(tmp_path):
+    """The one pair check (role twinspark_layout, tasks_from pair_check; vllm_service and model_cache include it):
+    two heads in a one-pair inventory stop it, naming the pair, what it holds and the fix."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
@@ -250,7 +250,8 @@ def test_every_role_refuses_a_node_whose_pair_is_not_one_head_and_one_worker(tmp
                                                      "twinspark_worker": {"hosts": {"node2": None}}}}}}}))
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{"name": "Any role", "hosts": "node1", "gather_facts": False,
-                                         "roles": [{"role": "twinspark_layout"}]}]))
+                                         "tasks": [{"name": "The pair check", "ansible.builtin.include_role": {
+                                             "name": "twinspark_layout", "tasks_from": "pair_check"}}]}]))
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(playbook)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300, check=False)

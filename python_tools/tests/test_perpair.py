@@ -101,8 +101,13 @@ def test_a_one_pair_inventory_with_two_heads_reports_its_problem(tmp_path):
 
 
 def _pair_check_passes(evaluate, host):
-    """vllm_service's own check of the pair (tasks/assert.yml), its conditions evaluated for host."""
-    tasks = yaml.safe_load((ROOT / "roles/vllm_service/tasks/assert.yml").read_text())
+    """The one check of the pair (twinspark_layout's tasks/pair_check.yml, which vllm_service and model_cache
+    include), its conditions evaluated for host."""
+    for role in ("vllm_service/tasks/assert.yml", "model_cache/tasks/preflight.yml"):
+        tasks = yaml.safe_load((ROOT / "roles" / role).read_text())
+        assert {"name": "twinspark_layout", "tasks_from": "pair_check"} in [
+            t.get("ansible.builtin.include_role") for t in tasks], f"{role}: include the one pair check"
+    tasks = yaml.safe_load((ROOT / "roles/twinspark_layout/tasks/pair_check.yml").read_text())
     that = next(t for t in tasks if t["name"].startswith("Check that this node's pair"))["ansible.builtin.assert"]
     return all(evaluate(host, "{{ " + condition + " }}") for condition in that["that"])
 
@@ -155,7 +160,7 @@ def list_hosts(inventory, playbook="site.yml", *extra):
     for line in run.stdout.splitlines():
         text = line.strip()
         if text.startswith("pattern:"):
-            current = (yaml.safe_load(text.split(":", 1)[1])[0], [])
+            current = ((yaml.safe_load(text.split(":", 1)[1]) or [""])[0], [])
             plays.append(current)
         elif current and line.startswith("      ") and not text.startswith("hosts ("):
             current[1].append(text)
