@@ -227,3 +227,38 @@ def test_the_health_other_commands_end_with_is_unchanged_on_one_pair(tmp_path, m
     monkeypatch.setattr(command, "fleet_sweep", lambda *a, **k: pytest.fail("a one-pair inventory is no fleet"))
     assert command.check_inventory(str(path)) == 0
     assert capsys.readouterr().out == report.table(results) + "\n"
+
+
+def test_health_limited_to_one_pair_sweeps_it_and_the_routers_view_of_it(stood_in, capsys):
+    """`--limit pair_a`: only pair_a is swept; the router listing pair_a only is ok, and pair_b's URL, had the router
+    listed it, would be no stranger."""
+    code = command.run(_args(FLEET_EXAMPLE, limit="pair_a"))
+    out = capsys.readouterr().out
+    assert stood_in["pairs"] == ["pair_a"]
+    assert code == 0
+    assert out.splitlines()[-1].startswith("FLEET OK: 1 pairs (1 ok, 0 degraded, 0 failed), router ok")
+    assert "lists 1 of 1 pairs" in out
+
+
+def test_the_router_listing_a_pair_left_out_by_the_limit_is_no_stranger():
+    pairs = [PairSeen("pair_a", A, healthy("a"))]
+    assert fleetreport.router_verdict(RouterSeen("http://r:30000", (A, B)), pairs, others=(B,)).status == checks.OK
+    assert fleetreport.router_verdict(RouterSeen("http://r:30000", (A, B)), pairs).status == checks.DEGRADED
+
+
+@pytest.mark.parametrize(("limit", "message"), [
+    ("pair_c", "--limit pair_c: pair_c is not a pair of this inventory (pairs: pair_a, pair_b)"),
+    (",", "--limit ,: name at least one pair (pairs: pair_a, pair_b)"),
+])
+def test_an_unknown_pair_in_the_limit_is_one_line_and_exit_2(stood_in, capsys, limit, message):
+    assert command.run(_args(FLEET_EXAMPLE, limit=limit)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"twinspark health: {message}") and err.count("\n") == 1
+    assert stood_in["pairs"] == []
+
+
+def test_a_limit_on_a_one_pair_inventory_is_refused(tmp_path, capsys):
+    path = tmp_path / "hosts.yml"
+    path.write_text(ONE_PAIR)
+    assert command.run(_args(path, limit="pair_a")) == 2
+    assert "the inventory is one pair, not a fleet; leave --limit out" in capsys.readouterr().err

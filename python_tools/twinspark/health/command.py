@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from twinspark import netguard
@@ -46,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also write a node_exporter textfile (e.g. /var/lib/twinspark/metrics/twinspark.prom)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
                         help="seconds allowed for each HTTP request and SSH step (default 10)")
+    parser.add_argument("--limit", metavar="PAIRS",
+                        help="on a fleet inventory: only these pairs (comma-separated pair names) and the router's "
+                        "view of them")
     parser.add_argument("--node", help="the name this node reports under with --local (default: its hostname)")
     parser.add_argument("--env", action="append", type=Path, metavar="FILE",
                         help="with --local: env file(s) to read, later ones override earlier ones "
@@ -167,11 +171,29 @@ def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_
     return results, summaries, metrics, dict(outcome.head_env or {})
 
 
+def limited(view, limit: str | None):
+    """The fleet view narrowed to the pairs named in `limit` (comma-separated), and the URLs of the others, which the
+    router may list without being judged for it; ValueError naming an unknown pair."""
+    if not limit:
+        return view, ()
+    names = [name.strip() for name in limit.split(",") if name.strip()]
+    known = [name for name, _ in view.pairs]
+    unknown = [name for name in names if name not in known]
+    if not names:
+        raise ValueError(f"--limit {limit}: name at least one pair (pairs: {', '.join(known) or 'none'})")
+    if unknown:
+        raise ValueError(f"--limit {limit}: {', '.join(unknown)} is not a pair of this inventory "
+                         f"(pairs: {', '.join(known) or 'none'})")
+    chosen = tuple(pair for pair in view.pairs if pair[0] in names)
+    return replace(view, pairs=chosen), tuple(url for name, url in view.pairs if name not in names)
+
+
 def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True, probe_pair: bool = True,
                 list_workers: Callable[[str, str | None, float], tuple[int | None, str]] | None = None,
-                ) -> tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]:
+                others: tuple[str, ...] = ()) -> tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]:
     """Every pair of a fleet (`inventory.FleetView`) swept as a one-pair inventory is, one after another, then the
-    router's worker list (asked with the first pair's key, which the router's key file holds too)."""
+    router's worker list (asked with the first pair's key, which the router's key file holds too). `others`: URLs
+    of the fleet's pairs left out by --limit, which the router lists without being judged for it."""
     from twinspark import api
     from twinspark.health.remote import InventoryError
 
@@ -195,7 +217,7 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     status, body = ask(view.router_url, key, timeout)
     listed = fleetreport.listed_from_answer(status, body)
     router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
-    return seen, fleetreport.router_verdict(router, [p for p in seen if p.url])
+    return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)
 
 
 def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
@@ -230,8 +252,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"twinspark health: {error}", file=sys.stderr)
             return 2
         if view is not None:  # a fleet: every pair and the router; a one-pair inventory goes on as it always did
+            try:
+                view, others = limited(view, getattr(args, "limit", None))
+            except ValueError as error:
+                print(f"twinspark health: {error}", file=sys.stderr)
+                return 2
             return answer_fleet(lambda: fleet_sweep(view, args.inventory, args.timeout, nodes=not args.pair,
-                                                    probe_pair=not args.no_pair), as_json=args.json)
+                                                    probe_pair=not args.no_pair, others=others), as_json=args.json)
+        if getattr(args, "limit", None):
+            print(f"twinspark health: --limit {args.limit}: the inventory is one pair, not a fleet; leave --limit out",
+                  file=sys.stderr)
+            return 2
     sweep = (lambda: local_sweep(args)) if args.local else (lambda: controller_sweep(args))
     return answer(sweep, as_json=args.json, quiet=getattr(args, "quiet", False), prom_file=args.prom_file)
 

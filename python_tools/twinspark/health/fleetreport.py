@@ -54,14 +54,15 @@ def _norm(url: str) -> str:
     return url.rstrip("/")
 
 
-def router_verdict(router: RouterSeen, pairs: Sequence[PairSeen]) -> RouterVerdict:
-    """The router's status from its worker list and the pairs' own verdicts (rules in the module's docstring)."""
+def router_verdict(router: RouterSeen, pairs: Sequence[PairSeen], others: Sequence[str] = ()) -> RouterVerdict:
+    """The router's status from its worker list and the pairs' own verdicts (rules in the module's docstring).
+    `others`: URLs of the fleet's pairs not swept (health --limit), which the router may list."""
     if router.listed is None:
         return RouterVerdict(FAILED, f"{router.url} does not answer ({router.error or 'no answer'}): the fleet's "
                                      "endpoint is down",
                              "systemctl status twinspark-router on the router host; journalctl -u twinspark-router")
     listed = {_norm(u) for u in router.listed}
-    known = {_norm(p.url) for p in pairs}
+    known = {_norm(p.url) for p in pairs} | {_norm(u) for u in others}
     out = [p.name for p in pairs if p.status != FAILED and _norm(p.url) not in listed]
     strangers = sorted(listed - known)
     taking = sum(1 for p in pairs if _norm(p.url) in listed)
