@@ -317,3 +317,19 @@ def test_a_one_pair_inventory_runs_site_yml_without_a_pattern_warning():
                          check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Could not match supplied host pattern" not in run.stdout + run.stderr
+
+
+def test_the_rejoin_step_runs_behind_a_router_and_is_skipped_on_a_pair_without_one(fleet_eval):
+    """roles/vllm_service/tasks/_pair_rejoin.yml: a remote command on every serve run of a fleet's heads; none on a
+    one-pair inventory with no router, unless twinspark_router_url is set by hand."""
+    tasks = yaml.safe_load((ROOT / "roles/vllm_service/tasks/_pair_rejoin.yml").read_text())
+    conditions = [c for c in tasks[0]["when"] if c != "not ansible_check_mode"]
+
+    def runs(evaluate, host):
+        return all(evaluate(host, "{{ " + c + " }}") for c in conditions)
+
+    assert runs(fleet_eval, "spark-a1") and runs(fleet_eval, "spark-b1")
+    _, sim_eval = evaluator(SIM)
+    assert not runs(sim_eval, "node1")
+    assert runs(lambda host, expression: sim_eval(host, expression.replace(
+        "twinspark_router_url", "'http://192.0.2.9:30000'")), "node1")
