@@ -99,3 +99,12 @@ def test_pair_names_go_on_past_z():
 def test_the_generator_refuses_a_bad_count_in_one_line(capsys, bad):
     assert GENERATOR.main([bad]) == 2
     assert capsys.readouterr().err.strip().startswith(f"fleet-inventory: '{bad}': use a whole number of pairs")
+
+
+def test_the_generator_uses_the_harness_addresses_and_limit(tmp_path):
+    """fleet-inventory.py spells the harness's prefixes and pair limit again (it runs without bash): they must agree
+    with scripts/sim/lib/common.sh."""
+    run = subprocess.run(["bash", "-c", '. scripts/sim/lib/common.sh; echo "$IC_PREFIX $MGMT_PREFIX $MAX_SIM_PAIRS"'],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "TWINSPARK_SIM_DIR": str(tmp_path), "TWINSPARK_SIM_FLEET": ""})
+    assert run.stdout.split() == [GENERATOR.FABRIC, GENERATOR.MGMT, str(GENERATOR.MAX_PAIRS)]

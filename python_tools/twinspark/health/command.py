@@ -241,28 +241,34 @@ def answer_fleet(sweep: Callable[[], tuple[list[fleetreport.PairSeen], fleetrepo
     return fleetreport.fleet_exit(pairs, router)
 
 
+def _fleet_answer(inventory: str | None, timeout: float, limit: str | None = None, nodes: bool = True,
+                  probe_pair: bool = True, as_json: bool = False) -> int | None:
+    """The fleet's report and exit code when the inventory is a fleet (every pair, or those in `limit`, and the
+    router); None for a one-pair inventory, which goes on as it always did. An unreadable inventory, a bad `limit`,
+    or a `limit` on a one-pair inventory: one line, exit 2."""
+    from twinspark.health.remote import InventoryError
+    from twinspark.inventory import read_fleet
+
+    try:
+        view = read_fleet(inventory or default_inventory())
+        if view is None:
+            if limit:
+                raise ValueError(f"--limit {limit}: the inventory is one pair, not a fleet; leave --limit out")
+            return None
+        view, others = limited(view, limit)
+    except (InventoryError, ValueError) as error:
+        print(f"twinspark health: {error}", file=sys.stderr)
+        return 2
+    return answer_fleet(lambda: fleet_sweep(view, inventory, timeout, nodes=nodes, probe_pair=probe_pair,
+                                            others=others), as_json=as_json)
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.local and args.prom_file is None:
-        from twinspark.health.remote import InventoryError
-        from twinspark.inventory import read_fleet
-
-        try:
-            view = read_fleet(args.inventory or default_inventory())
-        except InventoryError as error:
-            print(f"twinspark health: {error}", file=sys.stderr)
-            return 2
-        if view is not None:  # a fleet: every pair and the router; a one-pair inventory goes on as it always did
-            try:
-                view, others = limited(view, getattr(args, "limit", None))
-            except ValueError as error:
-                print(f"twinspark health: {error}", file=sys.stderr)
-                return 2
-            return answer_fleet(lambda: fleet_sweep(view, args.inventory, args.timeout, nodes=not args.pair,
-                                                    probe_pair=not args.no_pair, others=others), as_json=args.json)
-        if getattr(args, "limit", None):
-            print(f"twinspark health: --limit {args.limit}: the inventory is one pair, not a fleet; leave --limit out",
-                  file=sys.stderr)
-            return 2
+        code = _fleet_answer(args.inventory, args.timeout, getattr(args, "limit", None), nodes=not args.pair,
+                             probe_pair=not args.no_pair, as_json=args.json)
+        if code is not None:
+            return code
     sweep = (lambda: local_sweep(args)) if args.local else (lambda: controller_sweep(args))
     return answer(sweep, as_json=args.json, quiet=getattr(args, "quiet", False), prom_file=args.prom_file)
 
@@ -271,17 +277,8 @@ def check_inventory(inventory: str | None, timeout: float = 10.0) -> int:
     """`twinspark health -i INVENTORY` for another command (the playbook verbs end with it, a fleet upgrade gates on
     it): the whole controller sweep, printed as the table; the health exit code (0 healthy, 1 degraded, 2 failed).
     A fleet inventory gets the fleet's sweep and table (every pair and the router), as `twinspark health` does."""
-    from twinspark.health.remote import InventoryError
-    from twinspark.inventory import read_fleet
-
-    try:
-        view = read_fleet(inventory or default_inventory())
-    except InventoryError as error:
-        print(f"twinspark health: {error}", file=sys.stderr)
-        return 2
-    if view is not None:
-        return answer_fleet(lambda: fleet_sweep(view, inventory, timeout))
-    return answer(lambda: sweep_inventory(inventory, timeout))
+    code = _fleet_answer(inventory, timeout)
+    return code if code is not None else answer(lambda: sweep_inventory(inventory, timeout))
 
 
 def answer(sweep: Callable[[], tuple[list[CheckResult], dict, dict]], as_json: bool = False, quiet: bool = False,
