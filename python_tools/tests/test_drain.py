@@ -171,7 +171,12 @@ class RoutedHead(Head):
         super().__init__(head_state, worker_state)
         self.add_answer = add_answer
         self.serves = serves
-        self.router = drain.Router(drain.RouterRef("http://r:1", "http://p:1", "k"), post=self._post)
+        self.router = drain.Router(drain.RouterRef("http://r:1", "http://p:1", "k"), post=self._post, get=self._get)
+        self.listed = ["http://p:1"]
+
+    def _get(self, path, _timeout_s):
+        self.calls.append(f"router {path.lstrip('/')}")
+        return 200, json.dumps({"urls": self.listed})
 
     def _post(self, path, _timeout_s):
         verb = path.split("_worker")[0].lstrip("/")
@@ -299,7 +304,35 @@ def test_the_guard_never_restarts_nor_puts_back_a_pair_it_gave_up_on(routed, mon
     monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
     pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
     cli.main(["pair", "guard", *routed["args"]])
-    assert routed["head"].calls == []
+    # no restart and no add; only the look that keeps it out of a router restarted since it left
+    assert routed["head"].calls == ["router list_workers", "router remove"]
+    routed["head"].calls.clear()
+    routed["head"].listed = []
+    cli.main(["pair", "guard", *routed["args"]])
+    assert routed["head"].calls == ["router list_workers"]
+
+
+@pytest.mark.parametrize(("listing", "removal", "expected", "priority", "words", "posted"), [
+    ((200, '{"urls": ["http://p:1"]}'), (200, "Successfully removed worker"), True, 4, "listed the pair again", 1),
+    ((200, '{"urls": ["http://other:1"]}'), None, False, 7, "stays out", 0),
+    ((None, "ConnectionRefusedError"), None, None, 4, "cannot be reached", 0),
+    ((401, "Unauthorized"), None, None, 4, "answered 401 to /list_workers", 0),
+    ((200, '{"urls": ["http://p:1/"]}'), (None, "timed out"), None, 4, "cannot be reached", 1),
+])
+def test_keep_out_removes_the_pair_only_when_the_router_lists_it(listing, removal, expected, priority, words, posted):
+    said, posts = [], []
+    ref = drain.RouterRef("http://r:1", "http://p:1", "k")
+
+    def post(path, _timeout_s):
+        assert path == "/remove_worker?url=http://p:1"
+        posts.append(path)
+        return removal
+
+    router = drain.Router(ref, post=post, get=lambda path, _t: listing if path == "/list_workers" else pytest.fail())
+    assert drain.keep_out(router, lambda p, m: said.append((p, m))) is expected
+    assert len(said) == 1 and said[0][0] == priority and words in said[0][1], said
+    assert len(posts) == posted
+    assert drain.keep_out(None, lambda p, m: pytest.fail("no router, nothing said")) is None
 
 
 def test_a_guard_restart_that_does_not_serve_takes_the_pair_out_and_leaves_it_out(routed, monkeypatch):

@@ -110,3 +110,23 @@ def test_a_router_that_cannot_be_reached_does_not_block_the_work(drill):
     assert worked == [1] and result.served
     assert "cannot be reached" in lines[0] and "going on" in lines[0]
     assert "cannot be reached" in lines[-1]
+
+
+def test_a_pair_the_guard_gave_up_on_is_taken_out_again_after_a_router_restart(drill):
+    """The router's list lives in memory: restarted, it lists every pair of --worker-urls again. The guard's next
+    run (drain.keep_out, on each run while it has given up) takes the given-up pair out again, and only then."""
+    said: list[tuple[int, str]] = []
+    router = drain.Router(drain.RouterRef(drill.base, drill.url("a"), routerdrill.KEY))
+    assert drain.keep_out(router, lambda p, m: said.append((p, m))) is True
+    assert drill.url("a") not in _listed(drill)
+    assert drain.keep_out(router, lambda p, m: said.append((p, m))) is False, "the real router's answer for a pair " \
+                                                                             "it does not list is nothing to do"
+    stop_s, start_s = drill.restart_router()
+    assert drill.url("a") in _listed(drill), "a restarted router lists the given-up pair again"
+    assert drain.keep_out(router, lambda p, m: said.append((p, m))) is True
+    after = routerprobe.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    print(f"router restart: stopped in {stop_s:.1f} s, answering {start_s:.1f} s later; lines: {said}")
+    assert drill.url("a") not in _listed(drill) and drill.url("b") in _listed(drill)
+    assert routerprobe.summarise(after)["failed"] == 0
+    assert {o.answer for o in after} == {"hello from b"}
+    assert [p for p, _ in said] == [4, 7, 4]

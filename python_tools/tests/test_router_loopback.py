@@ -86,3 +86,26 @@ def test_tokenize_through_the_router_reaches_the_pair_with_the_key_only_with_a_w
         assert '"count": 3' in body
     else:
         assert status == 401, body
+
+
+def test_a_router_started_with_every_pair_down_exits_and_one_pair_up_is_enough():
+    """vllm-router 0.1.17 waits at start for its --worker-urls to become healthy (--worker-startup-timeout-secs,
+    120 s in roles/router; 3 s here) without listening, then exits 1, so systemd (Restart=on-failure) starts it
+    again. One healthy pair is enough for it to start and serve: a fleet with a pair down keeps its endpoint."""
+    import time
+
+    with routerdrill.Drill(PYTHON, delay_s=0.02, extra_flags=["--worker-startup-timeout-secs", "3"]) as drill:
+        for name in ("a", "b"):
+            drill.kill_backend(name)
+        drill.router.terminate()
+        drill.router.wait(timeout=30)
+        started = time.monotonic()
+        drill.start_router(wait=False)
+        assert drill.router.wait(timeout=60) == 1
+        waited = time.monotonic() - started
+        assert routerprobe.request(drill.base, "/liveness", routerdrill.KEY, timeout_s=1)[0] is None
+        drill.start_backend("b")
+        drill.start_router()
+        status, text = routerprobe.chat_once(drill.base, routerdrill.KEY)
+        print(f"every pair down: the router exited 1 after {waited:.1f} s; with pair b up it serves")
+        assert status == 200 and "hello from b" in text

@@ -17,6 +17,9 @@ A router that cannot be reached, or that refuses the call, never blocks the pair
 and goes on (a pair must stay restartable while the router is down; the router's own health checks then keep a
 dead pair out, and a router restart lists every pair from the inventory again).
 
+A pair the guard gave up on is kept out on every later guard run (`keep_out`): the router keeps its list in memory
+only, so a router restart lists every pair of its --worker-urls again, and the next guard run takes such a pair out.
+
 Rules (`router_from_env`, `admin_path`, `admin_outcome`, `idle`, `stay_out_reason`) are pure; `Router` speaks
 HTTP to the router and nothing else; `drained` ties them together around any piece of work.
 """
@@ -135,14 +138,31 @@ Post = Callable[[str, float], tuple[int | None, str]]
 class Router:
     """The router's admin API for one pair."""
 
-    def __init__(self, ref: RouterRef, post: Post | None = None) -> None:
+    def __init__(self, ref: RouterRef, post: Post | None = None, get: Post | None = None) -> None:
         self.ref = ref
-        self._post = post or self._http_post
+        self._post = post or self._http("POST")
+        self._get = get or self._http("GET")
 
-    def _http_post(self, path: str, timeout_s: float) -> tuple[int | None, str]:
+    def _http(self, method: str) -> Post:
+        def send(path: str, timeout_s: float) -> tuple[int | None, str]:
+            from twinspark import routerprobe
+
+            return routerprobe.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
+
+        return send
+
+    def listed(self) -> tuple[tuple[str, ...] | None, str]:
+        """The router's worker URLs (None when it cannot be read), and a line saying why not."""
         from twinspark import routerprobe
 
-        return routerprobe.request(self.ref.url, path, self.ref.key, "POST", timeout_s=timeout_s)
+        status, body = self._get("/list_workers", ADMIN_TIMEOUT_S)
+        urls = routerprobe.listed_from_answer(status, body)
+        if urls is not None:
+            return urls, ""
+        text = " ".join(body.split())[:160]
+        if status is None:
+            return None, f"router {self.ref.url} cannot be reached ({text or 'no answer'}) for /list_workers"
+        return None, f"router {self.ref.url} answered {status} to /list_workers ({text})"
 
     def call(self, verb: str) -> tuple[bool, str]:
         status, body = self._post(admin_path(verb, self.ref.pair_url),
@@ -170,6 +190,33 @@ def wait_idle(read_metrics: Callable[[], Mapping[str, object]], timeout_s: float
         if waited >= timeout_s:
             return False, f"the pair is not idle after {timeout_s:.0f} s ({last}); going on"
         sleep(min(poll_s, max(timeout_s - waited, 0.01)))
+
+
+def keep_out(router: Router | None, log: Callable[[int, str], None]) -> bool | None:
+    """Make sure the router does not list a pair that must stay out (one the guard gave up on); True when it did
+    and was told to drop it, False when it did not list it, None when the router could not be asked.
+
+    The router keeps its worker list in memory only, so a router restarted since the pair left lists every pair of
+    its --worker-urls again. The guard calls this on each of its runs while it has given up (its timer, every 20 s by
+    default, is the safety net), which takes such a pair out again. It asks the list first (vllm-router 0.1.17
+    answers 200 to removing a worker it does not list, so the removal alone cannot tell), and removes only when the
+    pair is on it."""
+    if router is None:
+        return None
+    listed, line = router.listed()
+    if listed is None:
+        log(4, f"drain: {line}")
+        return None
+    if router.ref.pair_url.rstrip("/") not in {url.rstrip("/") for url in listed}:
+        log(7, f"drain: the pair stays out of router {router.ref.url} (not in its list)")
+        return False
+    out, line = router.call("remove")
+    if not out:
+        log(4, f"drain: {line}")
+        return None
+    log(4, f"drain: router {router.ref.url} listed the pair again (restarted since the pair left?), though the pair "
+           "guard gave up on it; took it out again")
+    return True
 
 
 @dataclass(frozen=True)

@@ -422,6 +422,8 @@ def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pair
             f"{decision.reason}")
     elif decision.action in (Action.GIVE_UP, Action.GAVE_UP):
         log(3, f"pair guard GAVE UP: {decision.reason}")
+        # A router restarted since the pair left lists it again: take it out on every run while given up.
+        drain.keep_out(_router_of(pair), log)
         code = 1
     else:
         log(4, f"pair broken ({trigger}), restarting both ranks in order: {decision.reason}")

@@ -122,7 +122,8 @@ class Drill:
         self.start_router()
         return self
 
-    def start_router(self) -> None:
+    def start_router(self, wait: bool = True) -> None:
+        """Start the router; with `wait`, until its /liveness answers (60 s at most)."""
         self.router = subprocess.Popen(
             [self.python, str(LAUNCHER), "serve", "--key-check-url", f"http://127.0.0.1:{self.keycheck_port}/",
              *(["--worker-key-file", str(self.worker_key_file)] if self.worker_key_file else []),
@@ -130,7 +131,8 @@ class Drill:
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
              "--worker-urls", self.url("a"), self.url("b"), *ROUTER_FLAGS, *self.extra_flags],
             stdout=self._log("router"), stderr=subprocess.STDOUT)
-        _wait(lambda: routerprobe.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
+        if wait:
+            _wait(lambda: routerprobe.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
 
     def restart_router(self) -> tuple[float, float]:
         """SIGTERM the router (its graceful stop), start it again: (seconds to stop, seconds to answer again)."""

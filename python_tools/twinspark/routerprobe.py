@@ -79,6 +79,19 @@ def processed(metrics_text: str, worker: str) -> float:
     return sum(float(line.split()[-1]) for line in metrics_text.splitlines() if line.startswith(prefix))
 
 
+def listed_from_answer(status: int | None, body: str) -> tuple[str, ...] | None:
+    """The router's /list_workers answer ({"urls": [...]}) -> the URLs; None when it is not a list of URLs."""
+    if status != 200:
+        return None
+    try:
+        urls = json.loads(body).get("urls")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        return None
+    return tuple(urls)
+
+
 def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) -> float | None:
     """The first sample time at or after `after` whose verdict is `want`; None when none is."""
     for at, verdict in samples:

@@ -215,7 +215,9 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     netguard.check([view.router_url])
     ask = list_workers or _list_workers
     status, body = ask(view.router_url, key, timeout)
-    listed = fleetreport.listed_from_answer(status, body)
+    from twinspark import routerprobe
+
+    listed = routerprobe.listed_from_answer(status, body)
     router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
     return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)
 

@@ -128,18 +128,3 @@ def as_json(pairs: Sequence[PairSeen], router: RouterVerdict | None) -> dict[str
 
 def fleet_exit(pairs: Sequence[PairSeen], router: RouterVerdict | None) -> int:
     return exit_code(fleet_status(pairs, router))
-
-
-def listed_from_answer(status: int | None, body: str) -> tuple[str, ...] | None:
-    """The router's /list_workers answer ({"urls": [...]}) -> the URLs; None when it is not a list of URLs."""
-    import json
-
-    if status != 200:
-        return None
-    try:
-        urls = json.loads(body).get("urls")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-        return None
-    return tuple(urls)
