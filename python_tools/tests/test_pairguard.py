@@ -233,11 +233,13 @@ def test_an_unreadable_state_file_starts_clean(tmp_path, capsys):
 class RecordingPair:
     """Stands in for systemctl/SSH/HTTP to check the order of steps; the real ones run on the simulated pair."""
 
-    def __init__(self, probes, worker_reachable=True, head_states=None):
+    def __init__(self, probes, worker_reachable=True, head_states=None, worker_states=None):
         self.calls: list[str] = []
         self.probes = list(probes)
         self.worker_reachable = worker_reachable
         self.head_states = list(head_states or [])
+        self.worker_states = list(worker_states or [])
+        self.worker_reads = 0
 
     def head(self, verb):
         self.calls.append(f"head {verb}")
@@ -247,7 +249,9 @@ class RecordingPair:
             return None
         if verb != "state":
             self.calls.append(f"worker {verb}")
-        return "active"
+            return "active"
+        self.worker_reads += 1
+        return self.worker_states.pop(0) if self.worker_states else "active"
 
     def head_props(self):
         return {"ActiveState": self.head_states.pop(0) if self.head_states else "active"}
@@ -291,6 +295,23 @@ def test_restart_fails_early_when_the_head_exits_while_loading():
     assert not ok
     assert "head inactive" in outcome
     assert clock.now == 5
+
+
+def test_the_wait_polls_the_head_often_and_the_worker_over_ssh_only_every_few_seconds():
+    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 20 + [(Probe.OK, "one token")])
+    clock = FakeClock()
+    ok, outcome = pg.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
+    assert ok, outcome
+    assert clock.now == 10.0, "found serving on the first poll that answered, 0.5 s apart"
+    assert pair.worker_reads == 3, "the worker's unit read at 0, 5 and 10 s only"
+
+
+def test_the_wait_stops_when_the_worker_leaves_active():
+    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 40, worker_states=["active", "failed"])
+    clock = FakeClock()
+    ok, outcome = pg.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
+    assert not ok and "worker failed" in outcome
+    assert clock.now == 5.0
 
 
 def test_restart_gives_up_waiting_at_the_ready_timeout():

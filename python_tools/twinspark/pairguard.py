@@ -238,16 +238,24 @@ def run_steps(pair: Pair, steps: Sequence[tuple[str, str]], what: str = "ordered
     return True, ", ".join(done) or "nothing to do"
 
 
-def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 2.0,
+def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 ) -> tuple[bool, str]:
-    """Wait until the head answers a generation; gives up early when a rank's unit leaves `active`."""
+                 worker_every_s: float = 5.0) -> tuple[bool, str]:
+    """Wait until the head answers a generation; gives up early when a rank's unit leaves `active`.
+
+    Polls every `poll_s` (a refused or unready head API answers at once, so a short poll costs little and finds
+    the pair serving sooner); the head's unit is read each poll (local), the worker's every `worker_every_s` (one
+    SSH round trip each)."""
     started = clock()
     deadline = started + ready_timeout_s
     next_note = started
+    next_worker = started
+    worker_state: str | None = "active"
     while True:
         head_state = pair.head_props().get("ActiveState", "unknown")
-        worker_state = pair.worker("state")
+        if clock() >= next_worker:
+            worker_state = pair.worker("state")
+            next_worker = clock() + worker_every_s
         if head_state not in ("active", "activating") or worker_state not in ("active", "activating"):
             return False, (f"a rank left active while starting (head {head_state}, "
                            f"worker {worker_state or 'unreachable'}); see journalctl -u twinspark-vllm -n 120 on "
@@ -264,7 +272,7 @@ def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, pol
         sleep(poll_s)
 
 
-def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 2.0,
+def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                     ) -> tuple[bool, str]:
     """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
