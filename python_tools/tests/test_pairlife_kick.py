@@ -246,3 +246,54 @@ def test_settling_does_not_wait_when_no_rank_is_stopping():
 
     read, clock, sleep = _scripted([("active", "inactive")])
     assert pairguard.settle(read, timeout_s=30, clock=clock, sleep=sleep) == ("active", "inactive", 0.0)
+
+
+# --- the watch: a kick the moment the rank's main process ends --------------------------------------------------
+
+
+def _kick_cli(*args: str) -> subprocess.Popen:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.Popen([sys.executable, "-I", "-m", "twinspark.cli", "pair", "kick", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)
+
+
+def test_a_detached_watch_returns_at_once_and_kicks_only_when_the_process_ends(kick_socket):
+    """The rank unit's ExecStartPost= (`pair kick --watch-pid $MAINPID --detach`), on a real process: the command
+    ends at once, nothing is sent while the watched process runs, one kick arrives after it is SIGKILLed."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("this Python has no os.pidfd_open")
+    rank = subprocess.Popen(["sleep", "300"])
+    try:
+        watch = _kick_cli("--to", f"127.0.0.1:{kick_socket.getsockname()[1]}", "--watch-pid", str(rank.pid),
+                          "--detach")
+        assert watch.wait(timeout=30) == 0
+        assert not _readable(kick_socket), "no kick while the watched process runs"
+        rank.kill()
+        rank.wait(timeout=10)
+        assert select.select([kick_socket], [], [], 30)[0], "no kick after the watched process was killed"
+        payload, _ = kick_socket.recvfrom(512)
+        assert payload == KICK_TOKEN
+        assert not _readable(kick_socket), "exactly one kick"
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+
+
+def test_a_watch_of_a_process_already_gone_kicks_at_once(kick_socket, monkeypatch, capsys):
+    monkeypatch.setattr(pl, "system_state", lambda timeout_s=3.0: "running")
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=10)
+    assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}",
+                     "--watch-pid", str(gone.pid)]) == 0
+    assert kick_socket.recvfrom(512)[0] == KICK_TOKEN
+    assert "main process" in capsys.readouterr().err
+
+
+def test_a_watch_that_cannot_watch_says_so_and_sends_nothing(kick_socket, monkeypatch, capsys):
+    monkeypatch.setattr(pl, "wait_exit", lambda pid: "cannot watch it ([Errno 1] Operation not permitted)")
+    assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}",
+                     "--watch-pid", "12345"]) == 0
+    assert not _readable(kick_socket)
+    assert "ExecStopPost= kick remains" in capsys.readouterr().err
+    assert cli.main(["pair", "kick", "--to", "127.0.0.1:9", "--watch-pid", "0"]) == 2

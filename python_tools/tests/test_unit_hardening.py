@@ -140,6 +140,8 @@ def test_a_stopped_rank_kicks_the_head_guard_over_loopback_or_the_fabric(rendere
         kick = f"-/opt/twinspark/venv/bin/python -I -m twinspark.cli pair kick --to {target}"
         assert re.findall(r"^ExecStop=(.*)$", unit, re.M) == [kick]
         assert re.findall(r"^ExecStopPost=(.*)$", unit, re.M) == [kick]
+        # ExecStartPost=: a watcher left in the unit kicks the moment the main process ends, however it ends
+        assert re.findall(r"^ExecStartPost=(.*)$", unit, re.M) == [f"{kick} --watch-pid ${{MAINPID}} --detach"]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])

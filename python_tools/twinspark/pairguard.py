@@ -653,6 +653,12 @@ def cmd_kick(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log(3, f"pair kick: {exc}")
         return 2
+    if args.watch_pid is not None:
+        return _watch_then_kick(args.watch_pid, targets, args.detach)
+    return _kick_now(targets)
+
+
+def _kick_now(targets: Sequence[tuple[str, int]]) -> int:
     state = pairlife.system_state()
     if not pairlife.should_kick(state):
         log(6, f"pair kick: not sent, this node is shutting down (systemd: {state}); the guard's timer looks")
@@ -661,6 +667,40 @@ def cmd_kick(args: argparse.Namespace) -> int:
     for problem in problems:
         log(4, f"pair kick: {problem}; the guard's timer still looks within its interval")
     return 1 if problems else 0
+
+
+def _watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool) -> int:
+    """Kick the moment process `pid` (the rank's main process: the unit's $MAINPID, from ExecStartPost=) ends.
+
+    The unit's own ExecStopPost= kick comes only once systemd has stopped the rank's leftover processes, which a
+    killed or crashed rank leaves behind and which outlive SIGTERM (up to TimeoutStopSec=); this one comes at
+    once, however the main process ended. With `detach`, the command returns at once (ExecStartPost= must end
+    for the start to finish) and a child in the unit's own cgroup watches; it ignores SIGTERM, so that a stop of
+    the rank, which signals every process of the unit, still gets its kick once the main process is gone."""
+    if pid <= 0:
+        log(3, f"pair kick: --watch-pid {pid}: expected the rank's main PID ($MAINPID)")
+        return 2
+    if detach:
+        sys.stderr.flush()
+        if os.fork() > 0:
+            return 0
+        os.setsid()
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    code = 0
+    try:
+        seen = pairlife.wait_exit(pid)
+        if seen in ("ended", "gone"):
+            log(6, f"pair kick: the rank's main process {pid} {seen}; waking the guard")
+            code = _kick_now(targets)
+        else:
+            log(4, f"pair kick: the rank's main process {pid}: {seen}; the unit's ExecStopPost= kick remains")
+    finally:
+        if detach:
+            sys.stderr.flush()
+            os._exit(code)
+    return code
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -778,6 +818,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                          "no command")
     kick.add_argument("--to", action="append", required=True, metavar="ADDRESS:PORT",
                       help="the head's kick socket (twinspark-pair-guard-kick.socket); repeat for more")
+    kick.add_argument("--watch-pid", type=int, metavar="PID",
+                      help="kick only once this process ends (the rank's $MAINPID, from the unit's ExecStartPost=)")
+    kick.add_argument("--detach", action="store_true",
+                      help="with --watch-pid: return at once and watch from a child process")
     kick.set_defaults(func=cmd_kick)
     reset = verbs.add_parser("reset", help="forget failed restarts and a give-up")
     common(reset, acts=False)
