@@ -297,3 +297,46 @@ def test_a_watch_that_cannot_watch_says_so_and_sends_nothing(kick_socket, monkey
     assert not _readable(kick_socket)
     assert "ExecStopPost= kick remains" in capsys.readouterr().err
     assert cli.main(["pair", "kick", "--to", "127.0.0.1:9", "--watch-pid", "0"]) == 2
+
+
+@pytest.mark.parametrize(("job", "asked"), [("", False), ("\n", False), ("0", False), ("4711", True),
+                                             ("unknown", True)])
+def test_a_stop_counts_as_asked_only_while_systemd_has_a_job_on_the_unit(job, asked):
+    assert pl.stop_asked(job) is asked
+
+
+def test_the_cgroup_path_and_whose_it_is():
+    text = "9:name=systemd:/system.slice/twinspark-vllm.service\n0::/system.slice/twinspark-vllm.service\n"
+    assert pl.cgroup_path(text) == "/system.slice/twinspark-vllm.service"
+    assert pl.cgroup_path("1:cpu:/\n") is None
+    assert pl.own_unit_cgroup("/system.slice/twinspark-vllm.service", "twinspark-vllm.service")
+    for path in ("/", "/system.slice", "/user.slice/user-0.slice/session-1.scope", None):
+        assert not pl.own_unit_cgroup(path, "twinspark-vllm.service")
+    assert not pl.own_unit_cgroup("/system.slice", "system.slice")
+    assert pl.leftovers([10, 11, 12], own=11) == [10, 12]
+
+
+def test_finishing_the_kill_outside_the_units_cgroup_signals_nothing(monkeypatch):
+    said = []
+    monkeypatch.setattr(pl.os, "kill", lambda pid, sig: pytest.fail(f"signalled {pid}"))
+    assert pl.finish_the_kill("twinspark-vllm.service", lambda p, m: said.append(m)) == []
+    assert said and "left to systemd's stop timeout" in said[0]
+
+
+def test_a_watch_with_a_stop_asked_leaves_the_leftovers_to_systemd(kick_socket, monkeypatch):
+    from twinspark import pairguard
+
+    monkeypatch.setattr(pl, "system_state", lambda timeout_s=3.0: "running")
+    monkeypatch.setattr(pairguard, "_unit_job", lambda unit: "4711")
+    monkeypatch.setattr(pl, "finish_the_kill", lambda unit, log: pytest.fail("a stop was asked"))
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=10)
+    assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}", "--watch-pid",
+                     str(gone.pid), "--unit", "twinspark-vllm.service"]) == 0
+    assert kick_socket.recvfrom(512)[0] == KICK_TOKEN
+    killed = []
+    monkeypatch.setattr(pairguard, "_unit_job", lambda unit: "")
+    monkeypatch.setattr(pl, "finish_the_kill", lambda unit, log: killed.append(unit) or [1, 2])
+    assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}", "--watch-pid",
+                     str(gone.pid), "--unit", "twinspark-vllm.service"]) == 0
+    assert killed == ["twinspark-vllm.service"]

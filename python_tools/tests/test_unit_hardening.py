@@ -141,7 +141,8 @@ def test_a_stopped_rank_kicks_the_head_guard_over_loopback_or_the_fabric(rendere
         assert re.findall(r"^ExecStop=(.*)$", unit, re.M) == [kick]
         assert re.findall(r"^ExecStopPost=(.*)$", unit, re.M) == [kick]
         # ExecStartPost=: a watcher left in the unit kicks the moment the main process ends, however it ends
-        assert re.findall(r"^ExecStartPost=(.*)$", unit, re.M) == [f"{kick} --watch-pid ${{MAINPID}} --detach"]
+        watch = f"{kick} --watch-pid ${{MAINPID}} --detach --unit %n"
+        assert re.findall(r"^ExecStartPost=(.*)$", unit, re.M) == [watch]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])

@@ -654,7 +654,7 @@ def cmd_kick(args: argparse.Namespace) -> int:
         log(3, f"pair kick: {exc}")
         return 2
     if args.watch_pid is not None:
-        return _watch_then_kick(args.watch_pid, targets, args.detach)
+        return _watch_then_kick(args.watch_pid, targets, args.detach, args.unit)
     return _kick_now(targets)
 
 
@@ -669,7 +669,17 @@ def _kick_now(targets: Sequence[tuple[str, int]]) -> int:
     return 1 if problems else 0
 
 
-def _watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool) -> int:
+def _unit_job(unit: str) -> str:
+    """`systemctl show -P Job UNIT` ('' when none, or when it cannot be asked)."""
+    try:
+        out = subprocess.run(["systemctl", "show", "--property=Job", "--value", unit], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool, unit: str | None = None) -> int:
     """Kick the moment process `pid` (the rank's main process: the unit's $MAINPID, from ExecStartPost=) ends.
 
     The unit's own ExecStopPost= kick comes only once systemd has stopped the rank's leftover processes, which a
@@ -694,6 +704,12 @@ def _watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool)
         if seen in ("ended", "gone"):
             log(6, f"pair kick: the rank's main process {pid} {seen}; waking the guard")
             code = _kick_now(targets)
+            if unit and not pairlife.stop_asked(_unit_job(unit)):
+                # Killed, crashed or exited after losing its peer: its leftovers would only wait out TimeoutStopSec=.
+                killed = pairlife.finish_the_kill(unit, log)
+                if killed:
+                    log(5, f"pair kick: no stop was asked of {unit}; killed its {len(killed)} leftover process(es) "
+                           "now instead of after the stop timeout")
         else:
             log(4, f"pair kick: the rank's main process {pid}: {seen}; the unit's ExecStopPost= kick remains")
     finally:
@@ -822,6 +838,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="kick only once this process ends (the rank's $MAINPID, from the unit's ExecStartPost=)")
     kick.add_argument("--detach", action="store_true",
                       help="with --watch-pid: return at once and watch from a child process")
+    kick.add_argument("--unit", metavar="UNIT",
+                      help="with --watch-pid: the rank's unit; when its main process ends with no stop asked of it "
+                           "(killed, crashed), the unit's other processes are killed at once, not after its stop "
+                           "timeout")
     kick.set_defaults(func=cmd_kick)
     reset = verbs.add_parser("reset", help="forget failed restarts and a give-up")
     common(reset, acts=False)

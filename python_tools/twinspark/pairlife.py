@@ -24,6 +24,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from twinspark import layout
 
@@ -120,6 +121,64 @@ def parse_target(text: str) -> tuple[str, int]:
 # ---------------------------------------------------------------------------------------------------------------
 # Kick: I/O
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def stop_asked(job: str) -> bool:
+    """Whether systemd has a job on the rank's unit (`systemctl show -P Job`: an id while a stop or restart asked
+    for runs, empty otherwise): then its main process ended because someone stopped it, and the stop's own grace
+    applies. Without a job it was killed, crashed or exited after losing its peer."""
+    return bool(job.strip()) and job.strip() != "0"
+
+
+def cgroup_path(proc_self_cgroup: str) -> str | None:
+    """This process's cgroup v2 path ('0::/system.slice/x.service' -> '/system.slice/x.service'); None without one."""
+    for line in proc_self_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or None
+    return None
+
+
+def leftovers(procs: Iterable[int], own: int) -> list[int]:
+    """The processes of the unit's cgroup other than this one, in the order read."""
+    return [pid for pid in procs if pid != own]
+
+
+def own_unit_cgroup(path: str | None, unit: str) -> bool:
+    """Whether a cgroup path is exactly the cgroup of service `unit` (…/<unit>), never a slice or the root."""
+    return bool(path) and unit.endswith(".service") and path.rstrip("/").rsplit("/", 1)[-1] == unit
+
+
+def finish_the_kill(unit: str, log: Callable[[int, str], None]) -> list[int]:
+    """SIGKILL the other processes of this process's own unit (same cgroup, same user): what systemd does anyway
+    once TimeoutStopSec= has passed, done now because nothing is left for them to do; the PIDs signalled.
+
+    Acts only when this process's cgroup is `unit`'s own: anywhere else (a shell, a test, a slice) it does nothing."""
+    import signal
+
+    try:
+        path = cgroup_path(Path("/proc/self/cgroup").read_text())
+    except OSError:
+        path = None
+    if path is None or not own_unit_cgroup(path, unit):
+        log(4, f"not in {unit}'s own cgroup ({path}); its leftovers are left to systemd's stop timeout")
+        return []
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        try:
+            procs = [int(p) for p in Path(f"{root}{path}/cgroup.procs").read_text().split()]
+            break
+        except (OSError, ValueError):
+            continue
+    else:
+        log(4, f"cannot read the processes of cgroup {path}; systemd stops them after its stop timeout")
+        return []
+    killed = []
+    for pid in leftovers(procs, os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
+    return killed
 
 
 def wait_exit(pid: int) -> str:
