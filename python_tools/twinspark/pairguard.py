@@ -670,7 +670,8 @@ def _kick_now(targets: Sequence[tuple[str, int]]) -> int:
 
 
 def _unit_job(unit: str) -> str:
-    """`systemctl show -P Job UNIT` ('' when none, or when it cannot be asked)."""
+    """`systemctl show -P Job UNIT`: '' when no job runs on it, 'unknown' when it cannot be asked (which counts as a
+    stop asked, so nothing is killed on a guess)."""
     try:
         out = subprocess.run(["systemctl", "show", "--property=Job", "--value", unit], capture_output=True,
                              text=True, timeout=5, check=False)
