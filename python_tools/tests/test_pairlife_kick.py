@@ -340,3 +340,11 @@ def test_a_watch_with_a_stop_asked_leaves_the_leftovers_to_systemd(kick_socket, 
     assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}", "--watch-pid",
                      str(gone.pid), "--unit", "twinspark-vllm.service"]) == 0
     assert killed == ["twinspark-vllm.service"]
+
+
+def test_detach_or_unit_without_a_pid_to_watch_is_refused_naming_the_flag(kick_socket, capsys):
+    port = kick_socket.getsockname()[1]
+    for extra in (["--detach"], ["--unit", "twinspark-vllm.service"]):
+        assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{port}", *extra]) == 2
+        assert "only go with --watch-pid" in capsys.readouterr().err
+    assert not _readable(kick_socket)

@@ -655,6 +655,9 @@ def cmd_kick(args: argparse.Namespace) -> int:
         return 2
     if args.watch_pid is not None:
         return _watch_then_kick(args.watch_pid, targets, args.detach, args.unit)
+    if args.detach or args.unit:
+        log(3, "pair kick: --detach and --unit only go with --watch-pid PID (the rank's $MAINPID); add it or drop them")
+        return 2
     return _kick_now(targets)
 
 
