@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,58 @@ def test_nothing_serving_is_reported_without_a_traceback(capsys):
     code = cli.main(["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1"])
     assert code == 1
     assert "cannot list models" in capsys.readouterr().err
+
+
+# --- where it aims on an inventory (nothing is reached: the head's env files are stood in for) -----------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FLEET_EXAMPLE = REPO_ROOT / "inventory" / "fleet-example" / "hosts.yml"
+ONE_PAIR_EXAMPLE = REPO_ROOT / "inventory" / "example" / "hosts.yml"
+
+
+@pytest.fixture
+def head_envs(monkeypatch):
+    """inventory.head_env stood in for: records the head asked for, answers a key and a served name."""
+    from twinspark import inventory as inv
+
+    asked = []
+
+    def head_env(pair, timeout):
+        asked.append(pair.head.name)
+        return {"VLLM_API_KEY": "key-of-" + pair.head.name, "SERVED_MODEL_NAME": "served"}
+
+    monkeypatch.setattr(inv, "head_env", head_env)
+    return asked
+
+
+def test_on_a_fleet_pair_benches_that_pairs_head_and_router_the_router(head_envs):
+    url, key, served, _ = bench.from_inventory(str(FLEET_EXAMPLE), pair="pair_b")
+    assert (url, key, served) == ("http://192.0.2.21:8888", "key-of-spark-b1", "served")
+    url, key, served, ca = bench.from_inventory(str(FLEET_EXAMPLE), router=True)
+    assert (url, key, served, ca) == ("http://192.0.2.30:30000", "key-of-spark-a1", "served", None)
+    assert head_envs == ["spark-b1", "spark-a1"]
+
+
+def test_a_fleet_without_pair_or_router_is_one_line_naming_both(head_envs, capsys):
+    assert cli.main(["bench", "-i", str(FLEET_EXAMPLE)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"twinspark bench: inventory {FLEET_EXAMPLE}: is a fleet (pairs: pair_a, pair_b): pass --pair NAME to bench "
+        "one pair's head, or --router to bench the fleet's router")
+    assert cli.main(["bench", "-i", str(FLEET_EXAMPLE), "--pair", "pair_c"]) == 2
+    assert "no well-formed pair 'pair_c' (pairs: pair_a, pair_b)" in capsys.readouterr().err
+    assert head_envs == []
+
+
+def test_a_one_pair_inventory_takes_its_own_name_and_refuses_others(head_envs, capsys):
+    url, _, _, _ = bench.from_inventory(str(ONE_PAIR_EXAMPLE), pair="twinspark_pair")
+    assert url == bench.from_inventory(str(ONE_PAIR_EXAMPLE))[0]
+    assert cli.main(["bench", "-i", str(ONE_PAIR_EXAMPLE), "--pair", "pair_a"]) == 2
+    assert "has one pair (twinspark_pair); --pair pair_a names none" in capsys.readouterr().err
+    assert cli.main(["bench", "-i", str(ONE_PAIR_EXAMPLE), "--router"]) == 2
+    assert "has one pair and no router" in capsys.readouterr().err
+
+
+def test_url_and_pair_together_are_refused(capsys):
+    assert cli.main(["bench", "--url", "http://127.0.0.1:9", "--pair", "pair_a"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "twinspark bench: --url and --pair both say where to aim; pass one")

@@ -153,3 +153,12 @@ def test_firewall_takes_the_kick_only_from_loopback_and_the_peer(rendered, profi
     loopback = lines.index('iifname "lo" accept')
     peer = next(i for i, line in enumerate(lines) if line.startswith("iifname {") and "saddr" in line)
     assert loopback < peer < kick_drop
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_the_worker_gets_the_short_stop_grace_and_the_head_the_longer_one(rendered, profile):
+    # A headless worker ignores SIGTERM: its grace is spent in full on every stop (vllm_service defaults).
+    head = _unit(rendered, profile, 0, "twinspark-vllm.service")
+    worker = _unit(rendered, profile, 1, "twinspark-vllm.service")
+    assert re.findall(r"^TimeoutStopSec=(\d+)$", head, re.M) == ["5"]
+    assert re.findall(r"^TimeoutStopSec=(\d+)$", worker, re.M) == ["1"]

@@ -268,6 +268,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--url", help="API base URL (default: the inventory's head; its API key and served name are "
                         "then read from the head's env files over SSH, like `twinspark health` does)")
     parser.add_argument("-i", "--inventory", help="Ansible inventory to find the head in when --url is not given")
+    aim = parser.add_mutually_exclusive_group()
+    aim.add_argument("--pair", metavar="NAME",
+                     help="on a fleet inventory: bench this pair's head (its group name, e.g. pair_a)")
+    aim.add_argument("--router", action="store_true",
+                     help="on a fleet inventory: bench the fleet's router (key and model read from a pair's head)")
     parser.add_argument("--model", help="model name to request (default: the first one /v1/models lists)")
     parser.add_argument("--concurrency", type=parse_levels, default=[1, 2, 4, 6], metavar="C,C,...",
                         help="concurrency levels (default 1,2,4,6)")
@@ -298,21 +303,49 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
-def from_inventory(inventory: str | None, timeout: float = 10.0,
+def from_inventory(inventory: str | None, timeout: float = 10.0, pair: str | None = None, router: bool = False,
                    ) -> tuple[str, str | None, str | None, str | None]:
     """(API URL, first API key, served name, CA file) of the inventory's head; the key and name come from the head's
     env files over SSH, as `twinspark health` reads them (None when they cannot be read); the CA (None: plain HTTP)
-    from the inventory's TLS settings (twinspark.api.tls_ca_from_inventory)."""
-    from twinspark import api
+    from the inventory's TLS settings (twinspark.api.tls_ca_from_inventory).
+
+    On a fleet inventory `pair` names the pair whose head is benched, or `router` aims at the fleet's router (the key
+    and served name then come from the first pair's head: the fleet serves one model under one key); neither is an
+    InventoryError naming both. On a one-pair inventory `pair` may only name its one pair (twinspark_pair)."""
+    from twinspark import api, fleet
     from twinspark import inventory as pair_inventory
 
-    pair = pair_inventory.read_inventory(inventory or pair_inventory.default_inventory())
+    source = inventory or pair_inventory.default_inventory()
+    view = pair_inventory.read_fleet(source)
+    names = [name for name, _ in view.pairs] if view else [fleet.SINGLE_PAIR]
+    if view is None:
+        if router:
+            raise pair_inventory.InventoryError(f"inventory {source}: has one pair and no router; --router benches "
+                                                "a fleet's router (docs/FLEET.md), leave it out here")
+        if pair not in (None, fleet.SINGLE_PAIR):
+            raise pair_inventory.InventoryError(f"inventory {source}: has one pair ({fleet.SINGLE_PAIR}); --pair "
+                                                f"{pair} names none, leave --pair out")
+        chosen = None
+    else:
+        if not pair and not router:
+            raise pair_inventory.InventoryError(
+                f"inventory {source}: is a fleet (pairs: {', '.join(names) or 'none'}): pass --pair NAME to bench "
+                "one pair's head, or --router to bench the fleet's router")
+        if router and view.router_url is None:
+            raise pair_inventory.InventoryError(f"inventory {source}: has no host in group twinspark_router, so "
+                                                "--router has nothing to bench; pass --pair NAME instead")
+        chosen = pair or (names[0] if names else None)
+        if chosen not in names:
+            raise pair_inventory.InventoryError(f"inventory {source}: no well-formed pair {chosen!r} (pairs: "
+                                                f"{', '.join(names) or 'none'}); run playbooks/validate.yml")
+    head = pair_inventory.read_inventory(source, chosen)
     try:
-        env = pair_inventory.head_env(pair, timeout)
+        env = pair_inventory.head_env(head, timeout)
     except Exception as error:  # noqa: BLE001 - without the env files the bench still runs, keyless
         _progress(f"could not read the head's env files ({type(error).__name__}); sending no API key")
         env = {}
-    return pair.api_url, api.first_key(env), env.get("SERVED_MODEL_NAME") or None, pair.api_ca
+    url, ca = (view.router_url, None) if router else (head.api_url, head.api_ca)
+    return url, api.first_key(env), env.get("SERVED_MODEL_NAME") or None, ca
 
 
 def run(args: argparse.Namespace) -> int:
@@ -324,10 +357,15 @@ def run(args: argparse.Namespace) -> int:
     key = (os.environ.get(args.api_key_env, "").split() or [None])[0]
     model = args.model
     url = args.url
+    if url and (args.pair or args.router):
+        print(f"twinspark bench: --url and {'--pair' if args.pair else '--router'} both say where to aim; pass one",
+              file=sys.stderr)
+        return 2
     ca = getattr(args, "ca", None)
     if not url:
         try:
-            url, inventory_key, served, inventory_ca = from_inventory(args.inventory)
+            url, inventory_key, served, inventory_ca = from_inventory(args.inventory, pair=args.pair,
+                                                                      router=args.router)
         except InventoryError as error:
             print(f"twinspark bench: {error}", file=sys.stderr)
             return 2
