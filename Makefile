@@ -66,7 +66,8 @@ sim-upgrade: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 ansible-playbook -i inventory/sim molecule/default/upgrade.yml
 
 # The simulated fleet (two pairs and a router node, docs/FLEET.md): demo, second run, memory, the key on every path,
-# a head SIGKILL and a rolling restart under a client loop through the router. About 45 minutes on 2 cores.
+# a head SIGKILL, a rolling restart, the upgrade and rollback walks and a stop and start of one pair, each under a
+# client loop through the router. About 75 minutes on 2 cores (the walks alone about 50).
 sim-fleet: setup
 	scripts/sim/fleet-check
 
