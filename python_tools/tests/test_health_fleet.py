@@ -199,6 +199,24 @@ def test_health_on_a_fleet_as_json(stood_in, capsys):
     assert sorted(data["pairs"]) == ["pair_a", "pair_b"] and data["router"]["status"] == "ok"
 
 
+def test_health_on_a_fleet_writes_the_fleets_textfile(stood_in, tmp_path, capsys):
+    prom = tmp_path / "metrics" / "twinspark.prom"
+    assert command.run(_args(FLEET_EXAMPLE, prom_file=prom)) == 2
+    assert capsys.readouterr().out.splitlines()[-1].startswith("FLEET FAILED: 2 pairs")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(prom.read_text()) for s in family.samples}
+    assert samples[("twinspark_health_pair_status", (("pair", "pair_a"),))] == 0
+    assert samples[("twinspark_health_pair_status", (("pair", "pair_b"),))] == 2
+    assert samples[("twinspark_health_router_status", ())] == 0
+    assert samples[("twinspark_health_status", ())] == 2  # the worst, as the exit code
+    liveness_b = (("check", "liveness"), ("node", "pair"), ("pair", "pair_b"))
+    assert samples[("twinspark_health_check_status", liveness_b)] == 2
+    assert ("twinspark_health_duration_seconds", ()) in samples
+    assert "sk-fleet" not in prom.read_text()
+
+
 def test_health_on_one_pair_prints_what_it_always_printed(tmp_path, monkeypatch, capsys):
     path = tmp_path / "hosts.yml"
     path.write_text(ONE_PAIR)

@@ -229,22 +229,27 @@ def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None
 
 
 def answer_fleet(sweep: Callable[[], tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]],
-                 as_json: bool = False) -> int:
-    """Print the fleet's table (or JSON); the worst exit code of all its pairs and the router."""
+                 as_json: bool = False, prom_file: Path | None = None) -> int:
+    """Print the fleet's table (or JSON), write the fleet's textfile when asked; the worst exit code of all its
+    pairs and the router."""
+    started = time.monotonic()
     try:
         pairs, router = sweep()
     except netguard.UnsafeRoute as error:
         print(f"twinspark health: {error}", file=sys.stderr)
         return 2
+    elapsed = time.monotonic() - started
     if as_json:
         print(json.dumps(fleetreport.as_json(pairs, router), indent=2))
     else:
         print(fleetreport.table(pairs, router))
+    if prom_file:
+        report.write_fleet_prom_file(prom_file, pairs, router, elapsed)
     return fleetreport.fleet_exit(pairs, router)
 
 
 def _fleet_answer(inventory: str | None, timeout: float, limit: str | None = None, nodes: bool = True,
-                  probe_pair: bool = True, as_json: bool = False) -> int | None:
+                  probe_pair: bool = True, as_json: bool = False, prom_file: Path | None = None) -> int | None:
     """The fleet's report and exit code when the inventory is a fleet (every pair, or those in `limit`, and the
     router); None for a one-pair inventory, which goes on as it always did. An unreadable inventory, a bad `limit`,
     or a `limit` on a one-pair inventory: one line, exit 2."""
@@ -262,13 +267,13 @@ def _fleet_answer(inventory: str | None, timeout: float, limit: str | None = Non
         print(f"twinspark health: {error}", file=sys.stderr)
         return 2
     return answer_fleet(lambda: fleet_sweep(view, inventory, timeout, nodes=nodes, probe_pair=probe_pair,
-                                            others=others), as_json=as_json)
+                                            others=others), as_json=as_json, prom_file=prom_file)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.local and args.prom_file is None:
+    if not args.local:
         code = _fleet_answer(args.inventory, args.timeout, getattr(args, "limit", None), nodes=not args.pair,
-                             probe_pair=not args.no_pair, as_json=args.json)
+                             probe_pair=not args.no_pair, as_json=args.json, prom_file=args.prom_file)
         if code is not None:
             return code
     sweep = (lambda: local_sweep(args)) if args.local else (lambda: controller_sweep(args))

@@ -86,3 +86,37 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
             Gauge(name, documentation, registry=registry).set(value)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_to_textfile(str(path), registry)
+
+
+def write_fleet_prom_file(path: Path, pairs: Sequence, router, elapsed_s: float) -> None:
+    """The node_exporter textfile of a fleet sweep (atomically, via prometheus_client): every pair's checks under
+    its pair's name, each pair's and the router's verdict, and the fleet's, all 0 ok, 1 degraded, 2 failed.
+
+    twinspark_health_check_status{pair,node,check}, twinspark_health_pair_status{pair},
+    twinspark_health_router_status (only with a router), twinspark_health_status (the worst of them, as the exit
+    code), and when the sweep ran and how long it took. `pairs`: fleetreport.PairSeen; `router`: its RouterVerdict.
+    """
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    from twinspark.health import fleetreport
+
+    registry = CollectorRegistry()
+    check_status = Gauge("twinspark_health_check_status", "Health check status: 0 ok, 1 degraded, 2 failed",
+                         ["pair", "node", "check"], registry=registry)
+    pair_status = Gauge("twinspark_health_pair_status", "A pair's health: 0 healthy, 1 degraded, 2 failed",
+                        ["pair"], registry=registry)
+    for pair in pairs:
+        for r in pair.results:
+            check_status.labels(pair=pair.name, node=r.node, check=r.check).set(STATUS_ORDER[r.status])
+        pair_status.labels(pair=pair.name).set(STATUS_ORDER[pair.status])
+    if router is not None:
+        Gauge("twinspark_health_router_status", "The fleet router's health: 0 ok, 1 degraded, 2 failed",
+              registry=registry).set(STATUS_ORDER[router.status])
+    Gauge("twinspark_health_status", "Overall fleet health (every pair and the router): 0 healthy, 1 degraded, "
+          "2 failed", registry=registry).set(STATUS_ORDER[fleetreport.fleet_status(pairs, router)])
+    Gauge("twinspark_health_last_run_timestamp_seconds", "When the health sweep ran (Unix time)",
+          registry=registry).set(time.time())
+    Gauge("twinspark_health_duration_seconds", "How long the health sweep took",
+          registry=registry).set(elapsed_s)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_to_textfile(str(path), registry)
