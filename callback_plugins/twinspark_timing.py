@@ -66,8 +66,9 @@ class CallbackModule(CallbackBase):
 
     def _open_task(self, task) -> None:
         self._close_task()
-        role = task._role.get_name() if getattr(task, "_role", None) else ""
-        self._current = (role, task.get_name().strip(), time.monotonic())
+        role = task._role.get_name(include_role_fqcn=False) if getattr(task, "_role", None) else ""
+        name = (task.name or "").strip() or str(task.action)  # the task's own name, without the role's prefix
+        self._current = (role, name, time.monotonic())
 
     def v2_playbook_on_play_start(self, play) -> None:
         self._close_task()

@@ -59,11 +59,16 @@ def test_the_summary_ranks_plays_roles_and_tasks_slowest_first():
 
 
 def run_playbook(tmp_path: Path, record: Path, enabled: bool) -> subprocess.CompletedProcess:
+    role_tasks = tmp_path / "roles" / "timed_role" / "tasks"
+    role_tasks.mkdir(parents=True)
+    (role_tasks / "main.yml").write_text("- name: A role's task\n  ansible.builtin.debug:\n    msg: hi\n")
     playbook = tmp_path / "p.yml"
     playbook.write_text("""
 - name: A timed play
   hosts: localhost
   gather_facts: false
+  roles:
+    - timed_role
   tasks:
     - name: Sleep a little
       ansible.builtin.command: sleep 1.2
@@ -78,7 +83,8 @@ def run_playbook(tmp_path: Path, record: Path, enabled: bool) -> subprocess.Comp
         msg: no
       when: false
 """)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), TWINSPARK_TASK_TIMES=str(record))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), TWINSPARK_TASK_TIMES=str(record),
+               ANSIBLE_ROLES_PATH=str(tmp_path / "roles"))
     if enabled:
         env["ANSIBLE_CALLBACKS_ENABLED"] = "twinspark_timing"
     else:
@@ -94,6 +100,10 @@ def test_the_callback_records_each_task_with_its_time_and_outcomes(tmp_path):
     done = run_playbook(tmp_path, record, enabled=True)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = taskprofile.read_records(record.read_text().splitlines())
+    assert [(r.play, r.role, r.task, r.outcome()) for r in rows][0] == ("A timed play", "timed_role",
+                                                                        "A role's task", "ok")
+    rows = rows[1:]
+    assert all(r.role == "" for r in rows)
     assert [(r.play, r.task, r.outcome()) for r in rows] == [
         ("A timed play", "Sleep a little", "ok"),
         ("A timed play", "Change a file", "changed"),
