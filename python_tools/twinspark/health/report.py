@@ -59,7 +59,7 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
     twinspark_health_check_status{node,check}: 0 ok, 1 degraded, 2 failed (same as the exit codes);
     twinspark_health_status: the overall status; the pair's vLLM figures when they were read.
     """
-    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+    from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry()
     check_status = Gauge("twinspark_health_check_status", "Health check status: 0 ok, 1 degraded, 2 failed",
@@ -68,10 +68,7 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
         check_status.labels(node=r.node, check=r.check).set(STATUS_ORDER[r.status])
     Gauge("twinspark_health_status", "Overall pair health: 0 healthy, 1 degraded, 2 failed",
           registry=registry).set(STATUS_ORDER[overall(results)])
-    Gauge("twinspark_health_last_run_timestamp_seconds", "When the health sweep ran (Unix time)",
-          registry=registry).set(time.time())
-    Gauge("twinspark_health_duration_seconds", "How long the health sweep took",
-          registry=registry).set(elapsed_s)
+    _stamp(registry, elapsed_s)
     figures = {
         "running": ("twinspark_vllm_requests_running", "Requests running on the pair (vLLM /metrics)"),
         "waiting": ("twinspark_vllm_requests_waiting", "Requests waiting on the pair (vLLM /metrics)"),
@@ -84,8 +81,7 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
         value = (metrics or {}).get(key)
         if isinstance(value, int | float):
             Gauge(name, documentation, registry=registry).set(value)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(str(path), registry)
+    _write(path, registry)
 
 
 def write_fleet_prom_file(path: Path, pairs: Sequence, router, elapsed_s: float) -> None:
@@ -96,7 +92,7 @@ def write_fleet_prom_file(path: Path, pairs: Sequence, router, elapsed_s: float)
     twinspark_health_router_status (only with a router), twinspark_health_status (the worst of them, as the exit
     code), and when the sweep ran and how long it took. `pairs`: fleetreport.PairSeen; `router`: its RouterVerdict.
     """
-    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+    from prometheus_client import CollectorRegistry, Gauge
 
     from twinspark.health import fleetreport
 
@@ -114,9 +110,22 @@ def write_fleet_prom_file(path: Path, pairs: Sequence, router, elapsed_s: float)
               registry=registry).set(STATUS_ORDER[router.status])
     Gauge("twinspark_health_status", "Overall fleet health (every pair and the router): 0 healthy, 1 degraded, "
           "2 failed", registry=registry).set(STATUS_ORDER[fleetreport.fleet_status(pairs, router)])
+    _stamp(registry, elapsed_s)
+    _write(path, registry)
+
+
+def _stamp(registry, elapsed_s: float) -> None:
+    """When the sweep ran and how long it took, in every textfile (the stale-file alert reads the first)."""
+    from prometheus_client import Gauge
+
     Gauge("twinspark_health_last_run_timestamp_seconds", "When the health sweep ran (Unix time)",
           registry=registry).set(time.time())
     Gauge("twinspark_health_duration_seconds", "How long the health sweep took",
           registry=registry).set(elapsed_s)
+
+
+def _write(path: Path, registry) -> None:
+    from prometheus_client import write_to_textfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     write_to_textfile(str(path), registry)
