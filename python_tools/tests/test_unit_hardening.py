@@ -162,3 +162,25 @@ def test_the_worker_gets_the_short_stop_grace_and_the_head_the_longer_one(render
     worker = _unit(rendered, profile, 1, "twinspark-vllm.service")
     assert re.findall(r"^TimeoutStopSec=(\d+)$", head, re.M) == ["5"]
     assert re.findall(r"^TimeoutStopSec=(\d+)$", worker, re.M) == ["1"]
+
+
+@pytest.mark.parametrize(("head", "worker", "passes"), [(5, 1, True), (5, 0, False), (0, 1, False)])
+def test_a_stop_grace_of_zero_is_refused_naming_both_variables(tmp_path, head, worker, passes):
+    # vllm_service's own check (tasks/assert.yml), run by ansible-playbook: systemd reads 0 as "wait forever".
+    import json
+    import sys
+
+    import yaml
+
+    tasks = yaml.safe_load((ROOT / "roles" / "vllm_service" / "tasks" / "assert.yml").read_text())
+    check = next(t for t in tasks if t.get("name") == "Check the ranks' stop graces")
+    playbook = tmp_path / "grace.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [check]}]))
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local", str(playbook),
+         "-e", json.dumps({"vllm_service_stop_timeout_s": head, "vllm_service_worker_stop_timeout_s": worker})],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert (done.returncode == 0) is passes, done.stdout + done.stderr
+    if not passes:
+        assert f"vllm_service_stop_timeout_s ({head}) and vllm_service_worker_stop_timeout_s ({worker}) must be " \
+            "at least 1 second" in done.stdout
