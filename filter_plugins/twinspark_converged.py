@@ -52,6 +52,56 @@ def twinspark_unlinked_present(paths, found, root, stats):
     return converged.unlinked_present(paths, root, found.get("files", []), stats.get("results", []))
 
 
+def twinspark_probe_file(probe, path, sha1=None, mode=None, owner=None, group=None):
+    """True when a copy/template of content with this sha1 (None: not compared) to path would change nothing."""
+    return converged.probe_file_converged(probe, path, sha1, mode, owner, group)
+
+
+def twinspark_probe_dir(probe, path, mode=None, owner=None, group=None):
+    """True when `file: state=directory` on path would change nothing."""
+    return converged.probe_dir_converged(probe, path, mode, owner, group)
+
+
+def twinspark_probe_link(probe, path, target, owner=None, group=None):
+    """True when `file: state=link src=target` on path would change nothing."""
+    return converged.probe_link_converged(probe, path, target, owner, group)
+
+
+def twinspark_probe_resolves(probe, path):
+    """True when path exists with links followed (a command's `creates:`)."""
+    return converged.probe_resolves(probe, path)
+
+
+def twinspark_file_sha1(path):
+    """The sha1 of a file on the controller (what copy compares with the node's copy)."""
+    return converged.file_sha1(Path(path))
+
+
+def twinspark_probe_absent(probe, path):
+    """True when `file: state=absent` on path would change nothing."""
+    return converged.probe_absent(probe, path)
+
+
+def twinspark_probe_packages_missing(probe, names):
+    """The packages a `package: state=present` task would still install."""
+    return converged.probe_packages_missing(probe, [names] if isinstance(names, str) else names)
+
+
+def twinspark_probe_unit(probe, name, enabled=None, started=None):
+    """True when `systemd_service` with these enabled/started would change nothing."""
+    return converged.probe_unit_converged(probe, name, enabled, started)
+
+
+def twinspark_probe_user(probe, name, group=None, home=None, shell=None):
+    """True when `user:` for an existing account with these group, home and shell would change nothing."""
+    return converged.probe_user_converged(probe, name, group, home, shell)
+
+
+def twinspark_probe_group(probe, name):
+    """True when `group: name` would change nothing."""
+    return converged.probe_group_converged(probe, name)
+
+
 class FilterModule:
     def filters(self):
         return {"twinspark_tree_copy_converged": twinspark_tree_copy_converged,
@@ -59,4 +109,14 @@ class FilterModule:
                 "twinspark_entries_present": twinspark_entries_present,
                 "twinspark_paths_to_remove": twinspark_paths_to_remove,
                 "twinspark_paths_outside": twinspark_paths_outside,
-                "twinspark_unlinked_present": twinspark_unlinked_present}
+                "twinspark_unlinked_present": twinspark_unlinked_present,
+                "twinspark_probe_file": twinspark_probe_file,
+                "twinspark_probe_dir": twinspark_probe_dir,
+                "twinspark_probe_link": twinspark_probe_link,
+                "twinspark_probe_resolves": twinspark_probe_resolves,
+                "twinspark_file_sha1": twinspark_file_sha1,
+                "twinspark_probe_absent": twinspark_probe_absent,
+                "twinspark_probe_packages_missing": twinspark_probe_packages_missing,
+                "twinspark_probe_unit": twinspark_probe_unit,
+                "twinspark_probe_user": twinspark_probe_user,
+                "twinspark_probe_group": twinspark_probe_group}

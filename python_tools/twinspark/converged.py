@@ -147,3 +147,115 @@ def unlinked_present(paths: Iterable[str], root: str | Iterable[str], found: Ite
         elif stats.get(path, {}).get("exists") and not stats[path].get("islnk"):
             present.append(path)
     return present
+
+
+# Rules over one `twinspark_probe` call (library/twinspark_probe.py): what a single file, copy, template, package,
+# systemd_service, user or group task would change. Each takes the probe's registered result; a probe that did not
+# run (skipped, failed, or check mode on a node that lacks it) proves nothing, so every rule then says "not converged".
+
+def _probed(probe: Mapping | None, section: str, key: str) -> Mapping | None:
+    if not probe or probe.get("skipped") or probe.get("failed"):
+        return None
+    found = probe.get(section)
+    if not isinstance(found, Mapping):
+        return None
+    entry = found.get(key)
+    return entry if isinstance(entry, Mapping) else None
+
+
+def _owned(entry: Mapping, mode: str | None, owner: str | None, group: str | None) -> bool:
+    return ((mode is None or _mode_equal(entry.get("mode"), mode))
+            and (owner is None or _id_matches(owner, entry.get("pw_name"), entry.get("uid")))
+            and (group is None or _id_matches(group, entry.get("gr_name"), entry.get("gid"))))
+
+
+def probe_file_converged(probe: Mapping | None, path: str, sha1: str | None = None, mode: str | None = None,
+                         owner: str | None = None, group: str | None = None) -> bool:
+    """True when a copy or template of content with this sha1 (None: a `file: state=file` task, content not
+    compared) to `path`, with these mode, owner and group (None: not set by the task), would change nothing: a
+    regular file, not a link, whose checksum the probe read."""
+    entry = _probed(probe, "paths", path)
+    if entry is None or not entry.get("exists") or not entry.get("isreg") or entry.get("islnk"):
+        return False
+    if sha1 is not None and entry.get("checksum") != sha1:
+        return False
+    return _owned(entry, mode, owner, group)
+
+
+def probe_dir_converged(probe: Mapping | None, path: str, mode: str | None = None, owner: str | None = None,
+                        group: str | None = None) -> bool:
+    """True when `file: state=directory` on `path` would change nothing: a real directory (a link never counts)."""
+    entry = _probed(probe, "paths", path)
+    if entry is None or not entry.get("exists") or not entry.get("isdir") or entry.get("islnk"):
+        return False
+    return _owned(entry, mode, owner, group)
+
+
+def probe_link_converged(probe: Mapping | None, path: str, target: str, owner: str | None = None,
+                         group: str | None = None) -> bool:
+    """True when `file: state=link src=<target>` (owner and group of the link itself) on `path` would change nothing:
+    a link pointing at exactly target."""
+    entry = _probed(probe, "paths", path)
+    return bool(entry and entry.get("exists") and entry.get("islnk") and entry.get("lnk_target") == target
+                and _owned(entry, None, owner, group))
+
+
+def probe_resolves(probe: Mapping | None, path: str) -> bool:
+    """True when `path` exists with links followed (what a command's `creates:` looks at)."""
+    entry = _probed(probe, "paths", path)
+    return bool(entry and entry.get("exists") and entry.get("resolves"))
+
+
+def probe_absent(probe: Mapping | None, path: str) -> bool:
+    """True when `file: state=absent` on `path` would change nothing."""
+    entry = _probed(probe, "paths", path)
+    return entry is not None and entry.get("exists") is False
+
+
+def probe_packages_missing(probe: Mapping | None, names: Iterable[str]) -> list[str]:
+    """The packages a `package: state=present` task would still install: those the probe did not find installed
+    (all of them when the probe did not run, and any name that is not a plain package name)."""
+    names = [str(name) for name in names]
+    if not probe or probe.get("skipped") or probe.get("failed") or not isinstance(probe.get("packages"), Mapping):
+        return names
+    installed = probe["packages"]
+    return [name for name in names if not installed.get(name)]
+
+
+def probe_unit_converged(probe: Mapping | None, name: str, enabled: bool | None = None,
+                         started: bool | None = None) -> bool:
+    """True when `systemd_service: name enabled state=started` would change nothing: the unit is loaded, enabled
+    (UnitFileState 'enabled', or 'static', which systemd_service counts as enabled and cannot enable) when asked,
+    active when asked to be started."""
+    entry = _probed(probe, "units", name)
+    if entry is None or entry.get("load") != "loaded":
+        return False
+    if enabled and entry.get("enabled") not in ("enabled", "static"):
+        return False
+    return not (started and entry.get("active") != "active")
+
+
+def probe_user_converged(probe: Mapping | None, name: str, group: str | None = None, home: str | None = None,
+                         shell: str | None = None) -> bool:
+    """True when `user:` for an existing account with these primary group, home and shell would change nothing (a
+    task that sets a password, groups, a uid or a comment is not modelled: do not gate it on this)."""
+    entry = _probed(probe, "users", name)
+    if entry is None or not entry.get("exists"):
+        return False
+    return ((group is None or entry.get("group") == group) and (home is None or entry.get("home") == home)
+            and (shell is None or entry.get("shell") == shell))
+
+
+def probe_group_converged(probe: Mapping | None, name: str) -> bool:
+    """True when `group: name` (no gid) would change nothing: the group exists."""
+    entry = _probed(probe, "groups", name)
+    return bool(entry and entry.get("exists"))
+
+
+def file_sha1(path: Path) -> str:
+    """The sha1 of a file on the controller, read in blocks (copy's own checksum)."""
+    digest = hashlib.sha1()  # noqa: S324 (copy's own)
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
