@@ -87,9 +87,9 @@ def twinspark_probe_packages_missing(probe, names):
     return converged.probe_packages_missing(probe, [names] if isinstance(names, str) else names)
 
 
-def twinspark_probe_unit(probe, name, enabled=None, started=None):
-    """True when `systemd_service` with these enabled/started would change nothing."""
-    return converged.probe_unit_converged(probe, name, enabled, started)
+def twinspark_probe_unit(probe, name, enabled=None, started=None, masked=None):
+    """True when `systemd_service` with these enabled/started (or masked) would change nothing."""
+    return converged.probe_unit_converged(probe, name, enabled, started, masked)
 
 
 def twinspark_probe_user(probe, name, group=None, home=None, shell=None):

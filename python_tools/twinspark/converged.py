@@ -223,11 +223,14 @@ def probe_packages_missing(probe: Mapping | None, names: Iterable[str]) -> list[
 
 
 def probe_unit_converged(probe: Mapping | None, name: str, enabled: bool | None = None,
-                         started: bool | None = None) -> bool:
+                         started: bool | None = None, masked: bool | None = None) -> bool:
     """True when `systemd_service: name enabled state=started` would change nothing: the unit is loaded, enabled
     (UnitFileState 'enabled', or 'static', which systemd_service counts as enabled and cannot enable) when asked,
-    active when asked to be started."""
+    active when asked to be started. `masked`: `systemd_service: masked=true enabled=false`, converged when the unit
+    is masked (any other ask with it is not modelled)."""
     entry = _probed(probe, "units", name)
+    if masked:
+        return entry is not None and entry.get("enabled") == "masked" and not enabled and started is None
     if entry is None or entry.get("load") != "loaded":
         return False
     if enabled and entry.get("enabled") not in ("enabled", "static"):
