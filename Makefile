@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 setup: $(VENV)/.installed
 
 lint: setup
-	ruff check python_tools scripts callback_plugins
+	ruff check python_tools scripts callback_plugins library
 	yamllint -s .
 	ansible-playbook -i inventory/example site.yml --syntax-check
 	ansible-lint --profile production
