@@ -57,6 +57,11 @@ def twinspark_probe_file(probe, path, sha1=None, mode=None, owner=None, group=No
     return converged.probe_file_converged(probe, path, sha1, mode, owner, group)
 
 
+def twinspark_probe_executable(probe, path):
+    """True when path is a command that can be run (a regular file with an execute bit, or a link that resolves)."""
+    return converged.probe_executable(probe, path)
+
+
 def twinspark_probe_dir(probe, path, mode=None, owner=None, group=None):
     """True when `file: state=directory` on path would change nothing."""
     return converged.probe_dir_converged(probe, path, mode, owner, group)
@@ -114,6 +119,7 @@ class FilterModule:
                 "twinspark_probe_dir": twinspark_probe_dir,
                 "twinspark_probe_link": twinspark_probe_link,
                 "twinspark_probe_resolves": twinspark_probe_resolves,
+                "twinspark_probe_executable": twinspark_probe_executable,
                 "twinspark_file_sha1": twinspark_file_sha1,
                 "twinspark_probe_absent": twinspark_probe_absent,
                 "twinspark_probe_packages_missing": twinspark_probe_packages_missing,

@@ -30,6 +30,11 @@ def twinspark_runtime_wheels(source, flavour="stock"):
     return runtimes.wheel_set(json.loads(source) if isinstance(source, str) else source)
 
 
+def twinspark_runtime_requirements(wheels, leave_out=()):
+    """The requirements that install exactly the resolved wheel set (less leave_out) with pip --no-deps."""
+    return runtimes.install_requirements(wheels, leave_out)
+
+
 def twinspark_runtime_id(wheels, distribution, version, patches_dir, twinspark_sha256):
     """'<distribution>-<version>-<12 hex>' from the wheel set, the patch set in patches_dir and the twinspark wheel."""
     return runtimes.content_id(distribution, version, wheels, runtimes.patch_set_digest(Path(patches_dir)),
@@ -51,5 +56,6 @@ class FilterModule:
         return {
             "twinspark_runtime_wheels": twinspark_runtime_wheels,
             "twinspark_runtime_id": twinspark_runtime_id,
+            "twinspark_runtime_requirements": twinspark_runtime_requirements,
             "twinspark_upgrade_gate": twinspark_upgrade_gate,
         }

@@ -31,21 +31,23 @@ def twinspark_pair_api(env):
             "headers": api.headers(), "keyed": bool(api.api_key), "ca": api.ca}
 
 
-def twinspark_pair_restart_reasons(units, flags, flag_path="restart-pending", unit="the rank's unit"):
+def twinspark_pair_restart_reasons(probes, flag_path="restart-pending", unit="the rank's unit"):
     """Why the pair needs an ordered restart, one line per reason; empty when it does not.
 
-    `units` and `flags` are the registered results of a loop over the nodes (`item` = host name) of
-    ansible.builtin.systemd_service (status only) and ansible.builtin.stat of the restart flag; `unit` names the
-    rank's unit in the reasons (twinspark_layout_unit_vllm).
+    `probes` is the registered result of a loop over the nodes (`item` = host name) of twinspark_probe reading the
+    rank's unit (`unit`, twinspark_layout_unit_vllm) and the restart flag (`flag_path`). A node whose answer lacks
+    either counts as needing the restart, never as fine.
     """
     reasons = []
-    for result in units.get("results", []):
-        state = (result.get("status") or {}).get("ActiveState", "unknown")
+    for result in probes.get("results", []):
+        state = ((result.get("units") or {}).get(unit) or {}).get("active") or "unknown"
         if state != "active":
             reasons.append(f"{result['item']}: {unit} is {state}")
-    for result in flags.get("results", []):
-        if (result.get("stat") or {}).get("exists"):
-            reasons.append(f"{result['item']}: {flag_path} (what vLLM runs changed)")
+    for result in probes.get("results", []):
+        flag = (result.get("paths") or {}).get(flag_path)
+        if flag is None or flag.get("exists"):
+            reasons.append(f"{result['item']}: {flag_path} (what vLLM runs changed)"
+                           if flag is not None else f"{result['item']}: {flag_path} could not be read")
     return reasons
 
 

@@ -228,7 +228,7 @@ def test_overriding_the_restart_flag_once_moves_the_handler_the_check_and_tools(
     assert result.returncode == 0, result.stdout + result.stderr
     assert flag.exists() and (flag.stat().st_mode & 0o777) == 0o600
     facts = yaml.safe_load((ROOT / "roles" / "vllm_service" / "tasks" / "_pair_facts.yml").read_text())
-    assert any(task.get("ansible.builtin.stat", {}).get("path") == "{{ twinspark_layout_restart_flag }}"
+    assert any(task.get("twinspark_probe", {}).get("paths") == ["{{ twinspark_layout_restart_flag }}"]
                for task in facts)
     tools = _tools_on_a_node(tmp_path, {"control_dir": str(control), "restart_flag": str(flag)})
     assert tools["lock"] == f"{control}/pair.lock"
@@ -258,3 +258,24 @@ def test_the_pair_check_refuses_a_node_whose_pair_is_not_one_head_and_one_worker
     assert result.returncode != 0
     assert "node1: its pair twinspark_pair must hold exactly one head and one worker" in result.stdout
     assert "fix the inventory's hosts.yml" in result.stdout
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"vllm_service_venv": "/opt/old"}, "vllm_service_venv set in the inventory but no longer read"),
+    ({"twinspark_layout_restart_flag": "/elsewhere/flag"}, "twinspark_layout_restart_flag (/elsewhere/flag) must lie "
+                                                           "directly in twinspark_layout_control_dir"),
+    ({}, None),
+])
+def test_the_layout_role_refuses_retired_names_and_a_misplaced_flag_in_one_task(tmp_path, extra, named):
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump([{"name": "The layout's checks", "hosts": "localhost", "gather_facts": False,
+                                         "roles": [{"role": "twinspark_layout"}]}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local", str(playbook),
+                             "-e", json.dumps({"ansible_python_interpreter": sys.executable, **extra})],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = " ".join((result.stdout + result.stderr).split())
+    if named is None:
+        assert result.returncode == 0, output
+    else:
+        assert result.returncode != 0 and named in output, output

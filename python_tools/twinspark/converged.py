@@ -206,6 +206,17 @@ def probe_resolves(probe: Mapping | None, path: str) -> bool:
     return bool(entry and entry.get("exists") and entry.get("resolves"))
 
 
+def probe_executable(probe: Mapping | None, path: str) -> bool:
+    """True when `path` is a command that can be run: a regular file with an execute bit, or a link that resolves
+    (its target's mode is not read). False when the probe did not read it."""
+    entry = _probed(probe, "paths", path)
+    if entry is None or not entry.get("exists"):
+        return False
+    if entry.get("islnk"):
+        return bool(entry.get("resolves"))
+    return bool(entry.get("isreg")) and int(str(entry.get("mode") or "0"), 8) & 0o111 != 0
+
+
 def probe_absent(probe: Mapping | None, path: str) -> bool:
     """True when `file: state=absent` on `path` would change nothing."""
     entry = _probed(probe, "paths", path)

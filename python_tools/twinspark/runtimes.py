@@ -62,6 +62,10 @@ def digest_files(files: Iterable[tuple[str, bytes]]) -> str:
     return outer.hexdigest()
 
 
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def wheel_set(report: Mapping) -> dict[str, str]:
     """name -> "version sha256" for every distribution in a `pip install --dry-run --report` report.
 
@@ -74,11 +78,35 @@ def wheel_set(report: Mapping) -> dict[str, str]:
     found = {}
     for item in install:
         meta = item.get("metadata") or {}
-        name = re.sub(r"[-_.]+", "-", str(meta.get("name", ""))).lower()
+        name = _normalized(str(meta.get("name", "")))
         info = (item.get("download_info") or {}).get("archive_info") or {}
         sha = (info.get("hashes") or {}).get("sha256") or (info.get("hash") or "").removeprefix("sha256=")
         found[name] = f"{meta.get('version', '')} {sha}".strip()
     return found
+
+
+def install_requirements(wheels: Mapping[str, str], leave_out: Iterable[str] = ()) -> str:
+    """pip's requirements for exactly the resolved wheel set (`wheel_set`), less the distributions in `leave_out`.
+
+    Installed with `pip install --no-deps -r`, the runtime holds what its content id names and nothing else, and
+    pip does not resolve the set a second time. Every entry pins its version; when every wheel has a sha256 each
+    entry carries it too, which puts pip in hash-checking mode (a wheel that changed since the resolution is
+    refused). ValueError for an entry without a version.
+    """
+    skipped = {_normalized(name) for name in leave_out}
+    entries = []
+    for name, pin in sorted(wheels.items()):
+        version, _, sha = pin.partition(" ")
+        if not version:
+            raise ValueError(f"the resolved wheel set has no version for {name!r}: resolve it again")
+        if _normalized(name) not in skipped:
+            entries.append((name, version, sha))
+    hashed = all(sha for _, _, sha in entries)
+    lines = ["# The runtime's resolved wheel set, written by the vllm_runtime role; installed with",
+             "# pip install --no-deps -r THIS_FILE (and the role's --no-index --find-links or --index-url)"]
+    for name, version, sha in entries:
+        lines.append(f"{name}=={version}" + (f" --hash=sha256:{sha}" if hashed else ""))
+    return "\n".join(lines) + "\n"
 
 
 def patch_set_digest(directory: Path) -> str:

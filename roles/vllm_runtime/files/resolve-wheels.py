@@ -2,7 +2,10 @@
 
     usage: resolve-wheels.py CACHE_DIR PIP_INSTALL_ARGUMENT...
 
-Run by the vllm_runtime role with the probe venv's Python (tasks/identity.yml). pip's resolution of vLLM's wheel set
+Run by the vllm_runtime role with the probe venv's Python (tasks/identity.yml). The probe venv is made without pip
+(`python3 -m venv --without-pip`, seconds faster on a fresh node): when this interpreter cannot import pip, pip runs
+from the wheel the distribution keeps for ensurepip (Debian and Ubuntu: /usr/share/python-wheels, python3-pip-whl;
+elsewhere ensurepip/_bundled). pip's resolution of vLLM's wheel set
 takes seconds on every run although the answer only changes with the wheelhouse, so when the source is a wheelhouse
 (`--no-index --find-links DIR`) the report is kept in CACHE_DIR, keyed by pip's version, the arguments and every
 wheelhouse entry's name, size and modification time: any change there resolves again. An index source is never
@@ -11,16 +14,46 @@ nothing.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-PIP_COMMAND = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet",
-               "--dry-run", "--ignore-installed", "--report", "-"]
+PIP_INSTALL = ["install", "--disable-pip-version-check", "--no-input", "--quiet", "--dry-run", "--ignore-installed",
+               "--report", "-"]
+# Where distributions keep the pip wheel ensurepip installs from: Debian's and Ubuntu's python3-pip-whl first.
+WHEEL_DIRS = ["/usr/share/python-wheels"]
+
+
+def bundled_pip_wheels() -> list[str]:
+    """The pip wheels ensurepip would install, newest name last (none when the distribution keeps none)."""
+    directories = list(WHEEL_DIRS)
+    spec = importlib.util.find_spec("ensurepip")
+    if spec is not None and spec.submodule_search_locations:
+        directories += [os.path.join(location, "_bundled") for location in spec.submodule_search_locations]
+    found = []
+    for directory in directories:
+        found += sorted(glob.glob(os.path.join(directory, "pip-*-py3-none-any.whl")))
+    return found
+
+
+def pip_runner() -> tuple[list[str], str]:
+    """(the command that runs pip, pip's version): this interpreter's own pip, else pip straight from its wheel."""
+    try:
+        return [sys.executable, "-m", "pip"], importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    wheels = bundled_pip_wheels()
+    if not wheels:
+        raise LookupError(f"{sys.executable} has no pip and no pip wheel was found in {', '.join(WHEEL_DIRS)} or "
+                          "ensurepip/_bundled: install python3-venv (python3-pip-whl), or pip into this venv")
+    wheel = wheels[-1]
+    return [sys.executable, os.path.join(wheel, "pip")], os.path.basename(wheel).split("-")[1]
 
 
 def wheelhouses(args: list[str]) -> list[str] | None:
@@ -40,8 +73,8 @@ def listing(directory: str) -> list[list[object]]:
     return sorted(entries)
 
 
-def cache_key(args: list[str], directories: list[str]) -> str:
-    material = {"python": sys.executable, "pip": importlib.metadata.version("pip"), "args": args,
+def cache_key(args: list[str], directories: list[str], pip_version: str) -> str:
+    material = {"python": sys.executable, "pip": pip_version, "args": args,
                 "wheelhouses": {directory: listing(directory) for directory in directories}}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -65,18 +98,23 @@ def main(argv: list[str]) -> int:
         print("usage: resolve-wheels.py CACHE_DIR PIP_INSTALL_ARGUMENT...", file=sys.stderr)
         return 2
     cache_dir, args = argv[0], argv[1:]
+    try:
+        pip, pip_version = pip_runner()
+    except LookupError as error:
+        print(f"resolve-wheels.py: {error}", file=sys.stderr)
+        return 1
     directories = wheelhouses(args)
     cached = None
     if directories is not None:
         try:
-            cached = os.path.join(cache_dir, f"resolve-{cache_key(args, directories)}.json")
+            cached = os.path.join(cache_dir, f"resolve-{cache_key(args, directories, pip_version)}.json")
         except OSError as error:  # an unreadable wheelhouse: let pip say what is wrong with it
             print(f"resolve-wheels.py: not caching: {error}", file=sys.stderr)
         if cached and os.path.isfile(cached):
             with open(cached) as stream:
                 sys.stdout.write(stream.read())
             return 0
-    completed = subprocess.run(PIP_COMMAND + args, capture_output=True, text=True, check=False)
+    completed = subprocess.run(pip + PIP_INSTALL + args, capture_output=True, text=True, check=False)
     sys.stderr.write(completed.stderr)
     if completed.returncode != 0:
         return completed.returncode
