@@ -261,6 +261,8 @@ def test_the_pair_check_refuses_a_node_whose_pair_is_not_one_head_and_one_worker
 
 
 @pytest.mark.parametrize(("extra", "named"), [
+    ({"vllm_service_venv": "/opt/old", "twinspark_layout_restart_flag": "/elsewhere/flag"},
+     "instead. twinspark_layout_restart_flag (/elsewhere/flag) must lie"),
     ({"vllm_service_venv": "/opt/old"}, "vllm_service_venv set in the inventory but no longer read"),
     ({"twinspark_layout_restart_flag": "/elsewhere/flag"}, "twinspark_layout_restart_flag (/elsewhere/flag) must lie "
                                                            "directly in twinspark_layout_control_dir"),

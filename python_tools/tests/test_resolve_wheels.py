@@ -113,3 +113,20 @@ def test_an_index_source_is_never_cached(tmp_path: Path) -> None:
 def test_usage_without_arguments() -> None:
     result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2 and "usage" in result.stderr
+
+
+def test_the_newest_pip_wheel_of_the_first_place_that_has_one_is_taken(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("resolve_wheels", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    first, second = tmp_path / "distribution", tmp_path / "other"
+    first.mkdir()
+    second.mkdir()
+    for name in ("pip-9.0.1-py3-none-any.whl", "pip-23.0.1-py3-none-any.whl", "setuptools-66.1.1-py3-none-any.whl"):
+        (first / name).write_bytes(b"")
+    (second / "pip-99.0-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setattr(module, "WHEEL_DIRS", [str(first), str(second)])
+    assert [Path(p).name for p in module.bundled_pip_wheels()] == ["pip-9.0.1-py3-none-any.whl",
+                                                                   "pip-23.0.1-py3-none-any.whl"]

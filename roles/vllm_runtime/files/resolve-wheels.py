@@ -30,16 +30,24 @@ PIP_INSTALL = ["install", "--disable-pip-version-check", "--no-input", "--quiet"
 WHEEL_DIRS = ["/usr/share/python-wheels"]
 
 
+def _version_key(wheel: str) -> tuple[int, ...]:
+    """pip-23.0.1-py3-none-any.whl -> (23, 0, 1): newer sorts later (pip-9 before pip-23, unlike by name)."""
+    parts = os.path.basename(wheel).split("-")[1].split(".")
+    return tuple(int(part) if part.isdigit() else -1 for part in parts)
+
+
 def bundled_pip_wheels() -> list[str]:
-    """The pip wheels ensurepip would install, newest name last (none when the distribution keeps none)."""
+    """The pip wheels ensurepip would install, from the first place that has any (the distribution's own first),
+    oldest to newest version; empty when there is none."""
     directories = list(WHEEL_DIRS)
     spec = importlib.util.find_spec("ensurepip")
     if spec is not None and spec.submodule_search_locations:
         directories += [os.path.join(location, "_bundled") for location in spec.submodule_search_locations]
-    found = []
     for directory in directories:
-        found += sorted(glob.glob(os.path.join(directory, "pip-*-py3-none-any.whl")))
-    return found
+        found = glob.glob(os.path.join(directory, "pip-*-py3-none-any.whl"))
+        if found:
+            return sorted(found, key=_version_key)
+    return []
 
 
 def pip_runner() -> tuple[list[str], str]:
