@@ -17,6 +17,10 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
 from ansible.errors import AnsibleFilterError
 from twinspark import envfile, fleet, nodeenv, settings, tls, wheelhouse
 
+# Parsed once, when the plugin loads: callback_plugins/twinspark_plugin_preload.py loads it in ansible-playbook's own
+# process, so each task's forked worker inherits the parsed registry instead of parsing settings.yml again.
+settings.load()
+
 HEAD_GROUP = nodeenv.HEAD_GROUP
 WORKER_GROUP = nodeenv.WORKER_GROUP
 

@@ -97,9 +97,26 @@ def twinspark_probe_unit(probe, name, enabled=None, started=None, masked=None):
     return converged.probe_unit_converged(probe, name, enabled, started, masked)
 
 
-def twinspark_probe_user(probe, name, group=None, home=None, shell=None):
-    """True when `user:` for an existing account with these group, home and shell would change nothing."""
-    return converged.probe_user_converged(probe, name, group, home, shell)
+def twinspark_probe_user(probe, name, group=None, home=None, shell=None, password_star=False):
+    """True when `user:` for an existing account with these group, home and shell (and `password: "*"` with
+    password_star) would change nothing."""
+    return converged.probe_user_converged(probe, name, group, home, shell, password_star)
+
+
+def twinspark_probe_text(probe, path, default=None):
+    """The text the probe read of path (its contents option), else default."""
+    text = converged.probe_text(probe, path)
+    return default if text is None else text
+
+
+def twinspark_probe_line(probe, path, regexp, line, mode=None, owner=None, group=None):
+    """True when `lineinfile: path regexp line` (present) would change nothing."""
+    return converged.probe_line_converged(probe, path, regexp, line, mode, owner, group)
+
+
+def twinspark_probe_line_absent(probe, path, regexp):
+    """True when `lineinfile: path regexp state=absent` would change nothing."""
+    return converged.probe_line_absent(probe, path, regexp)
 
 
 def twinspark_probe_group(probe, name):
@@ -125,4 +142,7 @@ class FilterModule:
                 "twinspark_probe_packages_missing": twinspark_probe_packages_missing,
                 "twinspark_probe_unit": twinspark_probe_unit,
                 "twinspark_probe_user": twinspark_probe_user,
+                "twinspark_probe_text": twinspark_probe_text,
+                "twinspark_probe_line": twinspark_probe_line,
+                "twinspark_probe_line_absent": twinspark_probe_line_absent,
                 "twinspark_probe_group": twinspark_probe_group}

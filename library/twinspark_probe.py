@@ -46,8 +46,20 @@ options:
     type: list
     elements: str
     default: []
+  contents:
+    description: Paths whose text is returned in C(contents) when each is a regular file (never a link) within
+      I(checksum_limit) that reads as UTF-8 (public keys, authorized_keys); also read as if listed in I(paths).
+    type: list
+    elements: str
+    default: []
+  home_paths:
+    description: Paths relative to the home of each account in I(users) that exists (for example
+      C(.ssh/authorized_keys)), read as if listed in I(paths) and I(contents).
+    type: list
+    elements: str
+    default: []
   checksum_limit:
-    description: Largest regular file, in bytes, whose sha1 is read.
+    description: Largest regular file, in bytes, whose sha1 (and, for I(contents), text) is read.
     type: int
     default: 1048576
 author: TwinSpark
@@ -69,11 +81,17 @@ units:
   type: dict
   returned: always
 users:
-  description: Per account, exists and, when it does, uid, gid, home and shell.
+  description: Per account, exists and, when it does, uid, gid, home, shell, group (the primary group's name) and
+    password_star (whether its shadow password field is exactly C(*), as C(user) with C(password="*") leaves it; the
+    field itself is never returned).
   type: dict
   returned: always
 groups:
   description: Per group, exists and, when it does, gid.
+  type: dict
+  returned: always
+contents:
+  description: Per path of I(contents) and I(home_paths) that is a regular file within checksum_limit, its text.
   type: dict
   returned: always
 """
@@ -118,6 +136,40 @@ def read_path(path, checksum_limit):
     return entry
 
 
+def read_text(path, checksum_limit):
+    """A regular file's text (links are never followed), or None when it is not one or cannot be read as UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > checksum_limit:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            fd = None
+            return handle.read(checksum_limit + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def read_shadow_stars(names):
+    """The accounts among names whose shadow password field is exactly '*' (the field itself is never kept)."""
+    stars = set()
+    try:
+        with open("/etc/shadow", encoding="utf-8") as handle:
+            for line in handle:
+                fields = line.rstrip("\n").split(":")
+                if len(fields) > 1 and fields[0] in names and fields[1] == "*":
+                    stars.add(fields[0])
+    except (OSError, UnicodeDecodeError):
+        pass
+    return stars
+
+
 def read_packages(names):
     """Installed versions from one dpkg-query call ('' for a package that is not installed)."""
     found = dict.fromkeys(names, "")
@@ -157,6 +209,7 @@ def read_units(names):
 
 def read_users(names):
     found = {}
+    stars = read_shadow_stars(set(names)) if names else set()
     for name in names:
         try:
             entry = pwd.getpwnam(name)
@@ -164,7 +217,8 @@ def read_users(names):
             found[name] = {"exists": False}
             continue
         found[name] = {"exists": True, "uid": entry.pw_uid, "gid": entry.pw_gid, "home": entry.pw_dir,
-                       "shell": entry.pw_shell, "group": _name(grp.getgrgid, entry.pw_gid)}
+                       "shell": entry.pw_shell, "group": _name(grp.getgrgid, entry.pw_gid),
+                       "password_star": name in stars}
     return found
 
 
@@ -186,6 +240,8 @@ def main():
                        "units": {"type": "list", "elements": "str", "default": []},
                        "users": {"type": "list", "elements": "str", "default": []},
                        "groups": {"type": "list", "elements": "str", "default": []},
+                       "contents": {"type": "list", "elements": "str", "default": []},
+                       "home_paths": {"type": "list", "elements": "str", "default": []},
                        "checksum_limit": {"type": "int", "default": 1048576}},
         supports_check_mode=True)
     params = module.params
@@ -198,9 +254,20 @@ def main():
         for name in names:
             path = os.path.join(directory, name)
             paths.setdefault(path, read_path(path, params["checksum_limit"]))
-    module.exit_json(changed=False, paths=paths,
+    users = read_users(params["users"])
+    text_paths = list(params["contents"])
+    for name in params["users"]:
+        if users[name].get("exists"):
+            text_paths += [os.path.join(users[name]["home"], rel) for rel in params["home_paths"]]
+    contents = {}
+    for path in text_paths:
+        paths.setdefault(path, read_path(path, params["checksum_limit"]))
+        text = read_text(path, params["checksum_limit"])
+        if text is not None:
+            contents[path] = text
+    module.exit_json(changed=False, paths=paths, contents=contents,
                      packages=read_packages(params["packages"]), units=read_units(params["units"]),
-                     users=read_users(params["users"]), groups=read_groups(params["groups"]))
+                     users=users, groups=read_groups(params["groups"]))
 
 
 if __name__ == "__main__":

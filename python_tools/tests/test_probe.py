@@ -273,3 +273,129 @@ def test_the_controller_sha1_of_a_file(tmp_path):
     wheel = tmp_path / "twinspark-0.1.0-py3-none-any.whl"
     wheel.write_bytes(os.urandom(3 << 20))
     assert converged.file_sha1(wheel) == hashlib.sha1(wheel.read_bytes()).hexdigest()  # noqa: S324
+
+
+def test_the_module_reads_small_texts_and_paths_in_each_accounts_home(tmp_path):
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "key.pub").write_text("ssh-ed25519 AAAA test@host\n")
+    (node / "link.pub").symlink_to(node / "key.pub")
+    (node / "big").write_bytes(b"x" * 2048)
+    (node / "binary").write_bytes(b"\xff\xfe\x00")
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    out = tmp_path / "probe.json"
+    playbook = tmp_path / "probe.yml"
+    playbook.write_text(f"""
+- name: Probe
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Read the texts in one call
+      twinspark_probe:
+        contents: ["{{{{ root }}}}/key.pub", "{{{{ root }}}}/link.pub", "{{{{ root }}}}/big", "{{{{ root }}}}/binary",
+                   "{{{{ root }}}}/absent"]
+        users: [{ME}, twinspark-no-such-user]
+        home_paths: [twinspark-no-such-file]
+        checksum_limit: 1024
+      register: probed
+    - name: Keep the answer
+      ansible.builtin.copy:
+        content: "{{{{ probed | to_json }}}}"
+        dest: {out}
+        mode: "0644"
+""")
+    done = ansible_playbook(tmp_path, playbook)
+    assert done.returncode == 0, done.stdout + done.stderr
+    probed = json.loads(out.read_text())
+    # Only the regular file within the limit that reads as text; a link is never followed.
+    assert probed["contents"] == {f"{node}/key.pub": "ssh-ed25519 AAAA test@host\n"}
+    assert probed["paths"][f"{node}/link.pub"]["islnk"] and probed["paths"][f"{node}/absent"] == {"exists": False}
+    assert converged.probe_text(probed, f"{node}/key.pub") == "ssh-ed25519 AAAA test@host\n"
+    assert converged.probe_text(probed, f"{node}/big") is None
+    # home_paths: read below the home of each account that exists, as paths.
+    assert probed["paths"][f"{home}/twinspark-no-such-file"] == {"exists": False}
+    assert isinstance(probed["users"][ME]["password_star"], bool)
+    assert probed["users"]["twinspark-no-such-user"] == {"exists": False}
+
+
+LINE_ROLE = """
+- name: Read the keys file
+  twinspark_probe:
+    contents: ["{{ root }}/authorized_keys"]
+  register: line_probe
+
+- name: Authorise the key
+  ansible.builtin.lineinfile:
+    path: "{{ root }}/authorized_keys"
+    regexp: " line-marker$"
+    line: "{{ line_wanted }}"
+    create: true
+    mode: "0600"
+  when: not (line_probe | twinspark_probe_line(root ~ '/authorized_keys', ' line-marker$', line_wanted, '0600'))
+
+- name: Remove the legacy key
+  ansible.builtin.lineinfile:
+    path: "{{ root }}/authorized_keys"
+    regexp: " line-legacy$"
+    state: absent
+  when: not (line_probe | twinspark_probe_line_absent(root ~ '/authorized_keys', ' line-legacy$'))
+"""
+
+
+def test_lineinfile_gated_on_the_probe_runs_exactly_when_lineinfile_would_change_something(tmp_path):
+    (tmp_path / "node").mkdir()
+    (tmp_path / "roles" / "lines" / "tasks").mkdir(parents=True)
+    (tmp_path / "roles" / "lines" / "tasks" / "main.yml").write_text(LINE_ROLE)
+    playbook = tmp_path / "lines.yml"
+    playbook.write_text("- name: Lines\n  hosts: localhost\n  gather_facts: false\n  vars:\n"
+                        "    line_wanted: restrict ssh-ed25519 AAAA line-marker\n  roles: [lines]\n")
+    keys = tmp_path / "node" / "authorized_keys"
+    tasks = ["Authorise the key", "Remove the legacy key"]
+
+    first = ansible_playbook(tmp_path, playbook)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert [outcomes(tmp_path)[task] for task in tasks] == ["changed", "skipped"]  # no file: nothing to remove
+    assert keys.read_text() == "restrict ssh-ed25519 AAAA line-marker\n"
+
+    again = ansible_playbook(tmp_path, playbook)
+    assert [outcomes(tmp_path)[task] for task in tasks] == ["skipped", "skipped"] and "changed=0" in again.stdout
+
+    # Drift the probe must see: an older line with the marker after the right one, a legacy key, no final newline.
+    for drifted in ("restrict ssh-ed25519 AAAA line-marker\nold ssh-ed25519 BBBB line-marker\n",
+                    "restrict ssh-ed25519 AAAA line-marker\nssh-ed25519 CCCC line-legacy\n",
+                    "restrict ssh-ed25519 AAAA line-marker"):
+        keys.write_text(drifted)
+        ansible_playbook(tmp_path, playbook)
+        assert "changed" in [outcomes(tmp_path)[task] for task in tasks], drifted
+        ansible_playbook(tmp_path, playbook)
+        assert [outcomes(tmp_path)[task] for task in tasks] == ["skipped", "skipped"], keys.read_text()
+    keys.chmod(0o644)
+    ansible_playbook(tmp_path, playbook)
+    assert outcomes(tmp_path)["Authorise the key"] == "changed" and keys.stat().st_mode & 0o777 == 0o600
+
+
+def test_line_user_and_text_rules():
+    entry = {"exists": True, "isreg": True, "islnk": False, "mode": "0644", "uid": 0, "gid": 0, "pw_name": "root",
+             "gr_name": "root"}
+    text = "a x-marker\nkeep\nb x-marker\n"
+    probe = _probe(paths={"/k": entry, "/gone": {"exists": False}}, contents={"/k": text})
+    assert converged.probe_line_converged(probe, "/k", " x-marker$", "b x-marker", "0644", "root", "root")
+    assert not converged.probe_line_converged(probe, "/k", " x-marker$", "a x-marker")  # lineinfile edits the last
+    assert not converged.probe_line_converged(probe, "/k", " x-marker$", "b x-marker", "0600")
+    assert not converged.probe_line_converged(probe, "/k", " y-marker$", "b y-marker")  # no match: it would append
+    assert not converged.probe_line_converged(probe, "/gone", " x-marker$", "b x-marker")
+    unread = _probe(paths={"/k": entry}, contents={})
+    assert not converged.probe_line_converged(unread, "/k", " x-marker$", "b x-marker")
+    assert converged.probe_line_absent(probe, "/k", " y-marker$")
+    assert not converged.probe_line_absent(probe, "/k", " x-marker$")
+    assert converged.probe_line_absent(probe, "/gone", " x-marker$")
+    assert not converged.probe_line_absent(unread, "/k", " y-marker$")
+    assert not converged.probe_line_absent(probe, "/never-read", " y-marker$")
+    assert converged.probe_text({"skipped": True, "contents": {"/k": text}}, "/k") is None
+    users = _probe(users={"sync": {"exists": True, "group": "sync", "home": "/h", "shell": "/bin/sh",
+                                   "password_star": True},
+                          "open": {"exists": True, "group": "open", "home": "/h", "shell": "/bin/sh",
+                                   "password_star": False}})
+    assert converged.probe_user_converged(users, "sync", "sync", "/h", "/bin/sh", password_star=True)
+    assert not converged.probe_user_converged(users, "open", "open", "/h", "/bin/sh", password_star=True)
+    assert converged.probe_user_converged(users, "open", "open", "/h", "/bin/sh")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -250,14 +251,59 @@ def probe_unit_converged(probe: Mapping | None, name: str, enabled: bool | None 
 
 
 def probe_user_converged(probe: Mapping | None, name: str, group: str | None = None, home: str | None = None,
-                         shell: str | None = None) -> bool:
-    """True when `user:` for an existing account with these primary group, home and shell would change nothing (a
-    task that sets a password, groups, a uid or a comment is not modelled: do not gate it on this)."""
+                         shell: str | None = None, password_star: bool = False) -> bool:
+    """True when `user:` for an existing account with these primary group, home and shell (and, with
+    password_star, `password: "*"`) would change nothing (a task that sets another password, groups, a uid or a
+    comment is not modelled: do not gate it on this)."""
     entry = _probed(probe, "users", name)
     if entry is None or not entry.get("exists"):
         return False
     return ((group is None or entry.get("group") == group) and (home is None or entry.get("home") == home)
-            and (shell is None or entry.get("shell") == shell))
+            and (shell is None or entry.get("shell") == shell)
+            and (not password_star or entry.get("password_star") is True))
+
+
+def probe_text(probe: Mapping | None, path: str) -> str | None:
+    """The text the probe read of `path` (its `contents`), or None when it did not read it (absent, a link, too
+    large, not UTF-8, or the probe did not run)."""
+    if not probe or probe.get("skipped") or probe.get("failed") or not isinstance(probe.get("contents"), Mapping):
+        return None
+    text = probe["contents"].get(path)
+    return text if isinstance(text, str) else None
+
+
+def probe_line_converged(probe: Mapping | None, path: str, regexp: str, line: str, mode: str | None = None,
+                         owner: str | None = None, group: str | None = None) -> bool:
+    """True when `lineinfile: path regexp line` (state present) would change nothing: `path` is a regular file with
+    these mode, owner and group whose text the probe read, and the last line that `regexp` matches is exactly
+    `line`, newline-terminated (lineinfile replaces the last match, and adds a missing final newline). No matching
+    line: not converged (lineinfile would append)."""
+    entry = _probed(probe, "paths", path)
+    text = probe_text(probe, path)
+    if entry is None or text is None or not entry.get("isreg") or entry.get("islnk") or not _owned(entry, mode, owner,
+                                                                                                    group):
+        return False
+    pattern = re.compile(regexp)
+    last = None
+    for raw in text.splitlines(keepends=True):
+        if pattern.search(raw.rstrip("\r\n")):
+            last = raw
+    return last == line + "\n"
+
+
+def probe_line_absent(probe: Mapping | None, path: str, regexp: str) -> bool:
+    """True when `lineinfile: path regexp state=absent` would change nothing: the probe found no `path`, or read its
+    text and no line matches `regexp`."""
+    entry = _probed(probe, "paths", path)
+    if entry is None:
+        return False
+    if entry.get("exists") is False:
+        return True
+    text = probe_text(probe, path)
+    if text is None or entry.get("islnk"):
+        return False
+    pattern = re.compile(regexp)
+    return not any(pattern.search(raw.rstrip("\r\n")) for raw in text.splitlines())
 
 
 def probe_group_converged(probe: Mapping | None, name: str) -> bool:
