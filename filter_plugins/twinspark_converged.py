@@ -82,6 +82,11 @@ def twinspark_file_sha1(path):
     return converged.file_sha1(Path(path))
 
 
+def twinspark_file_sha256(path):
+    """The sha256 of a file on the controller (what `stat: checksum_algorithm=sha256` reports)."""
+    return converged.file_sha256(Path(path))
+
+
 def twinspark_probe_absent(probe, path):
     """True when `file: state=absent` on path would change nothing."""
     return converged.probe_absent(probe, path)
@@ -138,6 +143,7 @@ class FilterModule:
                 "twinspark_probe_resolves": twinspark_probe_resolves,
                 "twinspark_probe_executable": twinspark_probe_executable,
                 "twinspark_file_sha1": twinspark_file_sha1,
+                "twinspark_file_sha256": twinspark_file_sha256,
                 "twinspark_probe_absent": twinspark_probe_absent,
                 "twinspark_probe_packages_missing": twinspark_probe_packages_missing,
                 "twinspark_probe_unit": twinspark_probe_unit,

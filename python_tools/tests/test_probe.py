@@ -273,6 +273,7 @@ def test_the_controller_sha1_of_a_file(tmp_path):
     wheel = tmp_path / "twinspark-0.1.0-py3-none-any.whl"
     wheel.write_bytes(os.urandom(3 << 20))
     assert converged.file_sha1(wheel) == hashlib.sha1(wheel.read_bytes()).hexdigest()  # noqa: S324
+    assert converged.file_sha256(wheel) == hashlib.sha256(wheel.read_bytes()).hexdigest()
 
 
 def test_the_module_reads_small_texts_and_paths_in_each_accounts_home(tmp_path):

@@ -319,3 +319,12 @@ def file_sha1(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file on the controller, read in blocks (what `stat: checksum_algorithm=sha256` reports)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -543,7 +543,8 @@ def run(action: str, site_packages: Path, patches_dir: Path, only: Sequence[str]
     return Outcome(action, manifest.target, [classify(p, after) for p in selected], the_plan.changed_patches, EXIT_OK)
 
 
-def _as_json(outcome: Outcome, site_packages: Path) -> dict:
+def as_json(outcome: Outcome, site_packages: Path) -> dict:
+    """What `twinspark patch ACTION --json` prints of an outcome."""
     return {
         "action": outcome.action,
         "target": outcome.target,
@@ -586,7 +587,7 @@ def _command(args: argparse.Namespace) -> int:
             print(f"twinspark patch {args.action}: {exc}", file=sys.stderr)
         return exc.exit_code
     if args.json:
-        print(json.dumps(_as_json(outcome, site_packages), indent=2))
+        print(json.dumps(as_json(outcome, site_packages), indent=2))
     else:
         print(_as_table(outcome))
         if outcome.error:

@@ -140,6 +140,31 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
+def survey(site_packages: Path, patches_dir: Path, only: list[str] | None, flavour: str | None) -> dict:
+    """Everything the vllm_runtime role reads of a staged runtime, from one process: its site-packages, the patch
+    status (as `twinspark patch status --json` prints it, exit_code included), which fork-only knobs it reads (as
+    `twinspark runtime knobs`) and its facts (as `twinspark runtime facts --json`)."""
+    from twinspark import runtimes
+
+    try:
+        outcome = patching.run("status", site_packages, patches_dir, only)
+        patch = patching.as_json(outcome, site_packages)
+    except patching.PatchError as exc:
+        patch = {"action": "status", "exit_code": exc.exit_code, "error": str(exc), "patches": []}
+    return {"site_packages": str(site_packages), "patch": patch, "knobs": runtimes.knob_readers(site_packages),
+            "facts": facts(site_packages, patches_dir, lambda name: _find(name, site_packages), only, flavour)}
+
+
+def _survey_command(args: argparse.Namespace) -> int:
+    site_packages = Path(args.site_packages)
+    if not (site_packages / "vllm").is_dir():
+        print(f"twinspark runtime survey: --site-packages {site_packages} holds no vllm package", file=sys.stderr)
+        return 2
+    flavour = args.flavour or flavour_from_env(Path(args.env_file))
+    print(json.dumps(survey(site_packages, Path(args.patches_dir), args.only, flavour), sort_keys=True))
+    return 0
+
+
 def _find(name: str, site_packages: Path) -> metadata.Distribution:
     for distribution in metadata.distributions(path=[str(site_packages)]):
         if (distribution.metadata["Name"] or "").lower().replace("_", "-") == name:
@@ -263,6 +288,27 @@ def _check_command(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _runtime_options(parser: argparse.ArgumentParser) -> None:
+    """The options `runtime facts` and `runtime survey` share."""
+    parser.add_argument(
+        "--site-packages",
+        default=sysconfig.get_paths()["purelib"],
+        help="site-packages of the serving venv (default: this interpreter's, %(default)s)",
+    )
+    parser.add_argument(
+        "--patches-dir",
+        default=os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR),
+        help=f"as for `twinspark patch` (default: ${patching.PATCHES_DIR_ENV} or {patching.DEFAULT_PATCHES_DIR})",
+    )
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="as for `twinspark patch`: report these patches only"
+    )
+    parser.add_argument("--env-file", default=DEFAULT_ENV_FILE, metavar="FILE",
+                        help=f"read {FLAVOUR_ENV} from this env file (default: %(default)s)")
+    parser.add_argument("--flavour", choices=("stock", "fork"),
+                        help=f"report this flavour instead of reading {FLAVOUR_ENV} from --env-file")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("runtime", help="report the installed serving runtime (vLLM, torch, patches)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -286,25 +332,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     checker.add_argument("--json", action="store_true", help="print the report as JSON")
     checker.set_defaults(func=_check_command)
     report = verbs.add_parser("facts", help=__doc__.splitlines()[0], description=__doc__)
-    report.add_argument(
-        "--site-packages",
-        default=sysconfig.get_paths()["purelib"],
-        help="site-packages of the serving venv (default: this interpreter's, %(default)s)",
-    )
-    report.add_argument(
-        "--patches-dir",
-        default=os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR),
-        help=f"as for `twinspark patch` (default: ${patching.PATCHES_DIR_ENV} or {patching.DEFAULT_PATCHES_DIR})",
-    )
-    report.add_argument(
-        "--only", action="append", metavar="NAME", help="as for `twinspark patch`: report these patches only"
-    )
-    report.add_argument("--env-file", default=DEFAULT_ENV_FILE, metavar="FILE",
-                        help=f"read {FLAVOUR_ENV} from this env file (default: %(default)s)")
-    report.add_argument("--flavour", choices=("stock", "fork"),
-                        help=f"report this flavour instead of reading {FLAVOUR_ENV} from --env-file")
+    _runtime_options(report)
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.set_defaults(func=_command)
+    surveyed = verbs.add_parser(
+        "survey", help="site-packages, patch status, knob reads and facts of the runtime, as one JSON object",
+        description=survey.__doc__)
+    _runtime_options(surveyed)
+    surveyed.set_defaults(func=_survey_command)
     from twinspark import runtimes
 
     runtimes.add_verbs(verbs)
