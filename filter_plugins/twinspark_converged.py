@@ -87,6 +87,12 @@ def twinspark_file_sha256(path):
     return converged.file_sha256(Path(path))
 
 
+def twinspark_probe_find(probe, root):
+    """What `find: paths=root file_type=any hidden=true` would list, from a probe that listed root (its dirs
+    option): {files: [...]}, or {skipped: true} when the probe did not run."""
+    return converged.probe_find(probe, root)
+
+
 def twinspark_probe_absent(probe, path):
     """True when `file: state=absent` on path would change nothing."""
     return converged.probe_absent(probe, path)
@@ -145,6 +151,7 @@ class FilterModule:
                 "twinspark_file_sha1": twinspark_file_sha1,
                 "twinspark_file_sha256": twinspark_file_sha256,
                 "twinspark_probe_absent": twinspark_probe_absent,
+                "twinspark_probe_find": twinspark_probe_find,
                 "twinspark_probe_packages_missing": twinspark_probe_packages_missing,
                 "twinspark_probe_unit": twinspark_probe_unit,
                 "twinspark_probe_user": twinspark_probe_user,

@@ -400,3 +400,16 @@ def test_line_user_and_text_rules():
     assert converged.probe_user_converged(users, "sync", "sync", "/h", "/bin/sh", password_star=True)
     assert not converged.probe_user_converged(users, "open", "open", "/h", "/bin/sh", password_star=True)
     assert converged.probe_user_converged(users, "open", "open", "/h", "/bin/sh")
+
+
+def test_a_probe_listing_in_finds_shape():
+    entry = {"exists": True, "isdir": True, "islnk": False, "uid": 0}
+    probe = _probe(paths={"/s/models": entry, "/s/cache": {**entry, "islnk": True, "isdir": False},
+                          "/s/cache/home": entry, "/s/gone": {"exists": False}, "/t": entry})
+    found = converged.probe_find(probe, "/s/")
+    assert [row["path"] for row in found["files"]] == ["/s/cache", "/s/models"]  # directly in /s, existing
+    # The rules that take a find read it as they read find's own answer.
+    assert [row["item"] for row in converged.entries_present(["models", "cache", "hf"], "/s", found["files"])] == [
+        "models", "cache"]
+    assert converged.probe_find({"skipped": True}, "/s") == {"skipped": True}
+    assert converged.probe_find(None, "/s") == {"skipped": True}

@@ -35,13 +35,15 @@ def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path
     assert first.returncode == 0, first.stderr
     assert _names(first.stdout) == ["demo-dep", "demo-top"]
     kept = list(cache.glob("resolve-*.json"))
-    assert len(kept) == 1 and kept[0].read_text() == first.stdout
+    answer = json.loads(first.stdout)
+    assert answer.pop("twinspark_pip_wheel") is None  # this interpreter's own pip ran
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == answer  # the cache keeps pip's report as it is
     assert oct(cache.stat().st_mode & 0o777) == "0o700"
 
     # The second run answers from the cache: a marker written into the kept report comes back verbatim.
     marker = json.dumps({"install": [{"metadata": {"name": "from-cache"}}]})
     kept[0].write_text(marker)
-    assert _resolve(cache, *args).stdout == marker
+    assert json.loads(_resolve(cache, *args).stdout) == {**json.loads(marker), "twinspark_pip_wheel": None}
 
     # A new wheel in the wheelhouse is a new key: pip resolves again and the newer dependency wins.
     handshaped_wheel(house, "demo-dep", "2.1", {"demo_dep/__init__.py": b"# newer\n"})
@@ -49,7 +51,8 @@ def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path
     assert again.returncode == 0, again.stderr
     versions = {item["metadata"]["name"]: item["metadata"]["version"] for item in json.loads(again.stdout)["install"]}
     assert versions == {"demo-top": "1.0", "demo-dep": "2.1"}
-    assert [p.read_text() for p in cache.glob("resolve-*.json")] == [again.stdout]
+    assert [json.loads(p.read_text()) for p in cache.glob("resolve-*.json")] == [
+        {key: value for key, value in json.loads(again.stdout).items() if key != "twinspark_pip_wheel"}]
 
 
 def test_a_venv_without_pip_resolves_with_the_distributions_pip_wheel(tmp_path: Path) -> None:
@@ -69,6 +72,17 @@ def test_a_venv_without_pip_resolves_with_the_distributions_pip_wheel(tmp_path: 
     assert result.returncode == 0, result.stderr
     assert _names(result.stdout) == ["demo-dep", "demo-top"]
     assert subprocess.run([python, "-c", "import pip"], capture_output=True, timeout=60).returncode != 0
+    # The report names the pip wheel that ran: the role installs the runtime with it into a venv made without pip,
+    # and the same wheel gives the venv its own pip (tasks/stage.yml), as here.
+    wheel = json.loads(result.stdout)["twinspark_pip_wheel"]
+    assert wheel.endswith(".whl") and Path(wheel).is_file()
+    installed = subprocess.run([python, str(Path(wheel) / "pip"), "install", "--disable-pip-version-check",
+                                "--no-index", "--no-deps", "--find-links", str(house), "demo-dep==2.0", wheel],
+                               capture_output=True, text=True, timeout=300, check=False,
+                               env={**env, "PIP_CONFIG_FILE": os.devnull})
+    assert installed.returncode == 0, installed.stderr
+    assert subprocess.run([python, "-m", "pip", "--version"], capture_output=True, timeout=60).returncode == 0
+    assert subprocess.run([python, "-c", "import demo_dep"], capture_output=True, timeout=60).returncode == 0
 
 
 def test_no_pip_and_no_pip_wheel_is_one_clear_line(tmp_path: Path) -> None:

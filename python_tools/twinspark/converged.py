@@ -218,6 +218,18 @@ def probe_executable(probe: Mapping | None, path: str) -> bool:
     return bool(entry.get("isreg")) and int(str(entry.get("mode") or "0"), 8) & 0o111 != 0
 
 
+def probe_find(probe: Mapping | None, root: str) -> dict:
+    """The entries directly in `root` (a directory the probe listed with its dirs option) in the shape
+    `find: paths=root file_type=any hidden=true` registers, {files: [{path, isdir, islnk, uid, ...}]}, for the rules
+    above that take a find; {skipped: true} when the probe did not run (they then look on their own)."""
+    if not probe or probe.get("skipped") or probe.get("failed") or not isinstance(probe.get("paths"), Mapping):
+        return {"skipped": True}
+    base = os.path.normpath(root)
+    files = [{"path": path, **entry} for path, entry in probe["paths"].items()
+             if isinstance(entry, Mapping) and entry.get("exists") and os.path.dirname(os.path.normpath(path)) == base]
+    return {"files": sorted(files, key=lambda entry: entry["path"])}
+
+
 def probe_absent(probe: Mapping | None, path: str) -> bool:
     """True when `file: state=absent` on `path` would change nothing."""
     entry = _probed(probe, "paths", path)

@@ -50,10 +50,11 @@ def bundled_pip_wheels() -> list[str]:
     return []
 
 
-def pip_runner() -> tuple[list[str], str]:
-    """(the command that runs pip, pip's version): this interpreter's own pip, else pip straight from its wheel."""
+def pip_runner() -> tuple[list[str], str, str | None]:
+    """(the command that runs pip, pip's version, the wheel it runs from): this interpreter's own pip (no wheel),
+    else pip straight from its wheel."""
     try:
-        return [sys.executable, "-m", "pip"], importlib.metadata.version("pip")
+        return [sys.executable, "-m", "pip"], importlib.metadata.version("pip"), None
     except importlib.metadata.PackageNotFoundError:
         pass
     wheels = bundled_pip_wheels()
@@ -61,7 +62,15 @@ def pip_runner() -> tuple[list[str], str]:
         raise LookupError(f"{sys.executable} has no pip and no pip wheel was found in {', '.join(WHEEL_DIRS)} or "
                           "ensurepip/_bundled: install python3-venv (python3-pip-whl), or pip into this venv")
     wheel = wheels[-1]
-    return [sys.executable, os.path.join(wheel, "pip")], os.path.basename(wheel).split("-")[1]
+    return [sys.executable, os.path.join(wheel, "pip")], os.path.basename(wheel).split("-")[1], wheel
+
+
+def with_pip_wheel(report_text: str, wheel: str | None) -> str:
+    """pip's report with the pip wheel this run used added as `twinspark_pip_wheel` (null: the venv's own pip): the
+    role installs the runtime with the same pip, without a pip of the venv's own first (tasks/stage.yml)."""
+    report = json.loads(report_text)
+    report["twinspark_pip_wheel"] = wheel
+    return json.dumps(report)
 
 
 def wheelhouses(args: list[str]) -> list[str] | None:
@@ -107,7 +116,7 @@ def main(argv: list[str]) -> int:
         return 2
     cache_dir, args = argv[0], argv[1:]
     try:
-        pip, pip_version = pip_runner()
+        pip, pip_version, pip_wheel = pip_runner()
     except LookupError as error:
         print(f"resolve-wheels.py: {error}", file=sys.stderr)
         return 1
@@ -120,7 +129,7 @@ def main(argv: list[str]) -> int:
             print(f"resolve-wheels.py: not caching: {error}", file=sys.stderr)
         if cached and os.path.isfile(cached):
             with open(cached) as stream:
-                sys.stdout.write(stream.read())
+                sys.stdout.write(with_pip_wheel(stream.read(), pip_wheel))
             return 0
     completed = subprocess.run(pip + PIP_INSTALL + args, capture_output=True, text=True, check=False)
     sys.stderr.write(completed.stderr)
@@ -137,7 +146,7 @@ def main(argv: list[str]) -> int:
             if name.startswith("resolve-") and name.endswith(".json"):
                 os.unlink(os.path.join(cache_dir, name))
         write_atomically(cached, completed.stdout)
-    sys.stdout.write(completed.stdout)
+    sys.stdout.write(with_pip_wheel(completed.stdout, pip_wheel))
     return 0
 
 
