@@ -75,7 +75,8 @@ def test_each_pair_needs_its_own_local_model_source_to_be_a_checkpoint(tmp_path)
     good.mkdir()
     empty.mkdir()
     (good / "model.safetensors").write_bytes(b"weights")
-    tasks = _tasks("roles/model_cache/tasks/preflight.yml", "Stop when the local source is not a safetensors checkpoint")
+    tasks = _tasks("roles/model_cache/tasks/preflight.yml",
+                   "Stop when the local source is not a safetensors checkpoint")
     inventory = _fleet(tmp_path, {"pair_a": {"model_cache_local_source": str(empty)},
                                   "pair_b": {"model_cache_local_source": str(good)}})
     play = _play(tmp_path, tasks, {"model_cache_source": "local"})
