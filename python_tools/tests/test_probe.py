@@ -43,14 +43,8 @@ def outcomes(tmp_path: Path) -> dict[str, str]:
     return {row["task"]: row["hosts"].get("localhost", "") for row in rows}
 
 
-def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_path):
-    node = tmp_path / "node"
-    (node / "dir").mkdir(parents=True)
-    (node / "dir" / "inner").write_bytes(b"inner\n")
-    (node / "file").write_bytes(b"payload\n")
-    (node / "file").chmod(0o640)
-    (node / "link").symlink_to(node / "file")
-    (node / "dangling").symlink_to(node / "nowhere")
+def probe_once(tmp_path: Path, arguments: str) -> dict:
+    """Run one twinspark_probe task with these (YAML, indented for the task) arguments; its registered result."""
     out = tmp_path / "probe.json"
     playbook = tmp_path / "probe.yml"
     playbook.write_text(f"""
@@ -60,13 +54,7 @@ def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_pat
   tasks:
     - name: Read everything in one call
       twinspark_probe:
-        paths: ["{{{{ root }}}}/file", "{{{{ root }}}}/dir", "{{{{ root }}}}/link", "{{{{ root }}}}/dangling",
-                "{{{{ root }}}}/absent"]
-        dirs: ["{{{{ root }}}}/dir", "{{{{ root }}}}/not-a-dir"]
-        packages: [dpkg, twinspark-no-such-package]
-        users: [{ME}, twinspark-no-such-user]
-        groups: [{MY_GROUP}, twinspark-no-such-group]
-        units: [twinspark-no-such.service]
+{arguments}
       register: probed
     - name: Keep the answer
       ansible.builtin.copy:
@@ -76,7 +64,25 @@ def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_pat
 """)
     done = ansible_playbook(tmp_path, playbook)
     assert done.returncode == 0, done.stdout + done.stderr
-    probed = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_path):
+    node = tmp_path / "node"
+    (node / "dir").mkdir(parents=True)
+    (node / "dir" / "inner").write_bytes(b"inner\n")
+    (node / "file").write_bytes(b"payload\n")
+    (node / "file").chmod(0o640)
+    (node / "link").symlink_to(node / "file")
+    (node / "dangling").symlink_to(node / "nowhere")
+    probed = probe_once(tmp_path, f"""\
+        paths: ["{{{{ root }}}}/file", "{{{{ root }}}}/dir", "{{{{ root }}}}/link", "{{{{ root }}}}/dangling",
+                "{{{{ root }}}}/absent"]
+        dirs: ["{{{{ root }}}}/dir", "{{{{ root }}}}/not-a-dir"]
+        packages: [dpkg, twinspark-no-such-package]
+        users: [{ME}, twinspark-no-such-user]
+        groups: [{MY_GROUP}, twinspark-no-such-group]
+        units: [twinspark-no-such.service]""")
     assert probed["changed"] is False
     paths = probed["paths"]
     entry = paths[f"{node}/file"]
@@ -284,30 +290,12 @@ def test_the_module_reads_small_texts_and_paths_in_each_accounts_home(tmp_path):
     (node / "big").write_bytes(b"x" * 2048)
     (node / "binary").write_bytes(b"\xff\xfe\x00")
     home = Path(pwd.getpwuid(os.getuid()).pw_dir)
-    out = tmp_path / "probe.json"
-    playbook = tmp_path / "probe.yml"
-    playbook.write_text(f"""
-- name: Probe
-  hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Read the texts in one call
-      twinspark_probe:
+    probed = probe_once(tmp_path, f"""\
         contents: ["{{{{ root }}}}/key.pub", "{{{{ root }}}}/link.pub", "{{{{ root }}}}/big", "{{{{ root }}}}/binary",
                    "{{{{ root }}}}/absent"]
         users: [{ME}, twinspark-no-such-user]
         home_paths: [twinspark-no-such-file]
-        checksum_limit: 1024
-      register: probed
-    - name: Keep the answer
-      ansible.builtin.copy:
-        content: "{{{{ probed | to_json }}}}"
-        dest: {out}
-        mode: "0644"
-""")
-    done = ansible_playbook(tmp_path, playbook)
-    assert done.returncode == 0, done.stdout + done.stderr
-    probed = json.loads(out.read_text())
+        checksum_limit: 1024""")
     # Only the regular file within the limit that reads as text; a link is never followed.
     assert probed["contents"] == {f"{node}/key.pub": "ssh-ed25519 AAAA test@host\n"}
     assert probed["paths"][f"{node}/link.pub"]["islnk"] and probed["paths"][f"{node}/absent"] == {"exists": False}
