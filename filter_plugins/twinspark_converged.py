@@ -114,10 +114,9 @@ def twinspark_probe_user(probe, name, group=None, home=None, shell=None, passwor
     return converged.probe_user_converged(probe, name, group, home, shell, password_star)
 
 
-def twinspark_probe_text(probe, path, default=None):
-    """The text the probe read of path (its contents option), else default."""
-    text = converged.probe_text(probe, path)
-    return default if text is None else text
+def twinspark_probe_text(probe, path):
+    """The text the probe read of path (its contents option), else None."""
+    return converged.probe_text(probe, path)
 
 
 def twinspark_probe_line(probe, path, regexp, line, mode=None, owner=None, group=None):

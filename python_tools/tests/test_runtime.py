@@ -118,3 +118,37 @@ def test_text_report_shows_the_flavour(node_site, tmp_path, capsys):
     assert main(["runtime", "facts", "--site-packages", str(node_site), "--patches-dir", str(REPO / "patches"),
                  "--flavour", "stock"]) == 0
     assert any(line.split() == ["flavour", "stock"] for line in capsys.readouterr().out.splitlines())
+
+
+def _json_of(capsys, args: list[str], code: int = 0) -> dict:
+    capsys.readouterr()
+    assert main(args) == code
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_survey_says_what_the_four_separate_reads_say(node_site, tmp_path, capsys):
+    # The vllm_runtime role takes these four answers from one `runtime survey` (tasks/site_packages.yml).
+    common = ["--site-packages", str(node_site), "--patches-dir", str(REPO / "patches")]
+    env = ["--env-file", str(tmp_path / "absent.env")]
+    for applied in (False, True):
+        surveyed = _json_of(capsys, ["runtime", "survey", *common, *env])
+        assert surveyed["site_packages"] == str(node_site)
+        assert surveyed["patch"] == _json_of(capsys, ["patch", "status", "--json", *common], 0 if applied else 1)
+        assert surveyed["patch"]["exit_code"] == (0 if applied else 1)
+        assert surveyed["knobs"] == _json_of(capsys, ["runtime", "knobs", "--site-packages", str(node_site)])
+        assert surveyed["facts"] == _json_of(capsys, ["runtime", "facts", "--json", *common, *env])
+        assert main(["patch", "apply", *common]) == 0
+
+
+def test_the_survey_of_a_site_without_vllm_is_one_clear_line(tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["runtime", "survey", "--site-packages", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"twinspark runtime survey: --site-packages {tmp_path} holds no vllm "
+                                               "package")
+
+
+def test_the_survey_reports_a_patch_error_with_its_exit_code(node_site, tmp_path, capsys):
+    surveyed = _json_of(capsys, ["runtime", "survey", "--site-packages", str(node_site), "--patches-dir",
+                                 str(tmp_path / "no-patches"), "--flavour", "stock"])
+    assert surveyed["patch"]["exit_code"] not in (0, 1) and surveyed["patch"]["error"]
+    assert surveyed["facts"]["patch_error"]
