@@ -55,9 +55,21 @@ def test_systemctl_itself_failing_is_reported_not_raised():
     assert checks.check_unit("node1", unit).status == FAILED
 
 
+def links_from_ip(stdout: str):
+    """A read_link that answers from `ip -j addr show` output (recorded or handshaped), as the real reader would."""
+    from twinspark.fabric import links
+
+    def read_link(name):
+        chosen = [link for link in json.loads(stdout) if link.get("ifname") == name]
+        return links.parse_link(name, json.dumps(chosen), 0 if chosen else 1)
+
+    return read_link
+
+
 def test_unconfigured_interconnect_recorded_on_a_simulated_node_fails_the_fabric_check():
-    run = recorded_run({"ip -j": (FIXTURES / "recorded_ip_addr_sim_node1_unconfigured.json").read_text()})
-    facts = gather.read_fabric({"NCCL_SOCKET_IFNAME": "ic0", "VLLM_HOST_IP": "10.77.0.1"}, gb10=False, run=run)
+    read_link = links_from_ip((FIXTURES / "recorded_ip_addr_sim_node1_unconfigured.json").read_text())
+    facts = gather.read_fabric({"NCCL_SOCKET_IFNAME": "ic0", "VLLM_HOST_IP": "10.77.0.1"}, gb10=False,
+                               read_link=read_link)
     (ic0,) = facts["interfaces"]
     assert ic0["exists"] and ic0["mtu"] == 1500 and ic0["operstate"] == "UP"
     result = checks.check_fabric("node1", facts)
@@ -66,8 +78,8 @@ def test_unconfigured_interconnect_recorded_on_a_simulated_node_fails_the_fabric
 
 
 def test_fabric_interface_that_does_not_exist():
-    run = recorded_run({"ip -j": (FIXTURES / "recorded_ip_addr_sim_node1_unconfigured.json").read_text()})
-    facts = gather.read_fabric({"NCCL_SOCKET_IFNAME": "=enp1s0f1np1,enP2p1s0f1np1"}, gb10=False, run=run)
+    read_link = links_from_ip((FIXTURES / "recorded_ip_addr_sim_node1_unconfigured.json").read_text())
+    facts = gather.read_fabric({"NCCL_SOCKET_IFNAME": "=enp1s0f1np1,enP2p1s0f1np1"}, gb10=False, read_link=read_link)
     assert [i["ifname"] for i in facts["interfaces"]] == ["enp1s0f1np1", "enP2p1s0f1np1"]
     assert "enp1s0f1np1 does not exist" in checks.check_fabric("n", facts).message
 
@@ -375,8 +387,7 @@ def test_health_resolves_the_gid_with_the_launchers_match_ip(monkeypatch, extra,
     monkeypatch.setattr(gid, "resolve_gid_index", lambda hca, address, root: asked.append(address) or (3, []))
     env = {"NCCL_SOCKET_IFNAME": "enp1s0f0np0", "VLLM_HOST_IP": "10.77.0.1", "NCCL_IB_HCA": "rocep1s0f0",
            "NODE_RANK": "0", **extra}
-    run = recorded_run({"ip -j": _handshaped_ip_addr("enp1s0f0np0", "10.77.0.5")})
-    facts = gather.read_fabric(env, gb10=True, run=run)
+    facts = gather.read_fabric(env, gb10=True, read_link=links_from_ip(_handshaped_ip_addr("enp1s0f0np0", "10.77.0.5")))
     assert asked == [expected]
     assert facts["gid"] == {"index": 3, "match_ip": expected}
     assert launcher.match_ip(env, lambda name: ["10.77.0.5"] if name == "enp1s0f0np0" else []) == expected

@@ -17,13 +17,15 @@ Layout read, relative to the root (default ``/sys/class/infiniband``)::
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
+import ctypes
+import ctypes.util
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from twinspark import safeio
+from twinspark.fabric.links import LinkState
 
 DEFAULT_ROOT = Path("/sys/class/infiniband")
 MAX_ATTRIBUTE_BYTES = 1 << 16
@@ -166,29 +168,74 @@ def read_ports(root: Path = DEFAULT_ROOT) -> list[PortInfo]:
 
 
 def netdev_ipv4(netdev: str) -> list[str]:
-    """The IPv4 addresses on a netdev of this network namespace (from the kernel via iproute2)."""
-    ip = shutil.which("ip")
-    if ip is None:
-        return []
+    """The IPv4 addresses on a netdev of this network namespace, from the C library's getifaddrs(3).
+
+    No `ip` subprocess: iproute2 drops capabilities at start (capset), which a unit's `SystemCallFilter=~@privileged`
+    refuses, so inside the health timer's and the guard's sandboxes `ip` printed nothing and a healthy interface
+    looked missing. getifaddrs asks the kernel over netlink like `ip` does, and needs no privilege."""
+    return ipv4_by_netdev().get(netdev, [])
+
+
+class _SockaddrIn(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16), ("addr", ctypes.c_uint8 * 4),
+                ("zero", ctypes.c_uint8 * 8)]
+
+
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+_Ifaddrs._fields_ = [("next", ctypes.POINTER(_Ifaddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
+                     ("addr", ctypes.POINTER(_SockaddrIn)), ("netmask", ctypes.c_void_p),
+                     ("ifu", ctypes.c_void_p), ("data", ctypes.c_void_p)]
+
+
+def ipv4_by_netdev() -> dict[str, list[str]]:
+    """Every netdev's IPv4 addresses (primary first, as the kernel lists them); {} when getifaddrs fails."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        return {}
+    found: dict[str, list[str]] = {}
     try:
-        result = subprocess.run(
-            [ip, "-j", "-4", "addr", "show", "dev", netdev],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if result.returncode != 0 or not result.stdout.strip():
-        return []
-    try:
-        links = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        return []
-    return [
-        info["local"]
-        for link in links
-        for info in link.get("addr_info", [])
-        if info.get("family") == "inet" and info.get("local")
-    ]
+        entry = head
+        while entry:
+            item = entry.contents
+            if item.addr and item.addr.contents.family == socket.AF_INET:
+                name = item.name.decode("utf-8", errors="replace")
+                found.setdefault(name, []).append(socket.inet_ntop(socket.AF_INET, bytes(item.addr.contents.addr)))
+            entry = item.next
+    finally:
+        libc.freeifaddrs(head)
+    return found
+
+
+IFF_UP = 0x1
+CLASS_NET = Path("/sys/class/net")
+
+
+def read_link(name: str, class_net: Path = CLASS_NET,
+              addresses: Callable[[str], list[str]] = netdev_ipv4) -> LinkState:
+    """One netdev as `ip -j addr show dev NAME` would describe it, from sysfs and getifaddrs(3) (both work inside
+    a hardened unit). The name must be a plain interface name: it is never a path. Raises SysfsError when the
+    interface exists but its attributes cannot be read (the caller says it could not look)."""
+    if not name or "/" in name or name in (".", ".."):
+        return LinkState(name=name, exists=False)
+    base = class_net / name
+    if not base.exists():
+        return LinkState(name=name, exists=False)
+    flags_text = _read(base / "flags")
+    operstate = _read(base / "operstate")
+    mtu_text = _read(base / "mtu")
+    if flags_text is None or operstate is None or mtu_text is None:
+        raise SysfsError(f"{base}: flags, operstate or mtu cannot be read")
+    up = bool(int(flags_text, 16) & IFF_UP)
+    flags = ["UP"] if up else []
+    # carrier reads only while the interface is administratively up (EINVAL otherwise).
+    carrier = _read(base / "carrier") if up else None
+    if carrier == "1":
+        flags.append("LOWER_UP")
+    elif up:
+        flags.append("NO-CARRIER")
+    return LinkState(name=name, exists=True, operstate=operstate.upper(), flags=tuple(flags),
+                     mtu=int(mtu_text) if mtu_text.isdigit() else None, ipv4=tuple(addresses(name)))

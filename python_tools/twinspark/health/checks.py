@@ -5,7 +5,9 @@ Every function here takes plain data (dicts, lists, numbers, the shapes gather.p
 plain data, and the CLI, the playbook and the systemd timer all judge with the same code.
 
 Statuses: `ok` (nothing to do), `degraded` (serving, but something needs attention), `failed` (not serving, or
-about to stop serving). A failing result always says what to do (`fix`).
+about to stop serving), `unknown` (the check could not look, e.g. refused by the sandbox it runs in: it vouches for
+nothing, so it counts like degraded in the overall verdict and the exit code, never like failed). A result that is
+not ok always says what to do (`fix`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from twinspark import layout
 OK = "ok"
 DEGRADED = "degraded"
 FAILED = "failed"
+UNKNOWN = "unknown"
 STATUS_ORDER = {OK: 0, DEGRADED: 1, FAILED: 2}
+# How bad each status is for the overall verdict and the exit code: an unknown check vouches for nothing (1).
+RANK = {**STATUS_ORDER, UNKNOWN: 1}
+# The textfile's per-check value: an unknown check is -1, so an alert on `== 2` never pages for a check that could
+# not look, and one on `< 0` can say so.
+PROM_VALUE = {**STATUS_ORDER, UNKNOWN: -1}
 
 # The node label of checks that concern both nodes (cross-node comparisons) or the serving API of the pair.
 PAIR = "pair"
@@ -63,9 +71,13 @@ def failed(node: str, check: str, message: str, fix: str) -> CheckResult:
     return CheckResult(node, check, FAILED, message, fix)
 
 
+def unknown(node: str, check: str, message: str, fix: str) -> CheckResult:
+    return CheckResult(node, check, UNKNOWN, message, fix)
+
+
 def worst(statuses: Iterable[str]) -> str:
-    """The overall status: the worst of the given ones (ok when there are none)."""
-    return max(statuses, key=STATUS_ORDER.__getitem__, default=OK)
+    """The overall status: the worst of the given ones (ok when there are none; degraded before unknown)."""
+    return max(statuses, key=RANK.__getitem__, default=OK)
 
 
 def overall(results: Iterable[CheckResult]) -> str:
@@ -73,8 +85,9 @@ def overall(results: Iterable[CheckResult]) -> str:
 
 
 def exit_code(status: str) -> int:
-    """0 healthy, 1 degraded, 2 failed (the documented exit codes of `twinspark health`)."""
-    return STATUS_ORDER[status]
+    """0 healthy, 1 degraded (or a check could not look), 2 failed (the documented exit codes of `twinspark
+    health`)."""
+    return RANK[status]
 
 
 def _gib(value: float) -> str:
@@ -190,6 +203,9 @@ def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
     node's VLLM_HOST_IP, or empty), `error` (the interface list could not be read) and, on gb10, `gid` as
     {index} or {error}.
     """
+    if fabric.get("unknown"):
+        return unknown(node, "fabric", f"could not look at the fabric interfaces: {fabric['unknown']}",
+                       "run `twinspark health` as root on the node, or `ip addr`, to see the interfaces")
     if fabric.get("error"):
         return failed(node, "fabric", f"cannot read the fabric interfaces: {fabric['error']}",
                       "check `ip addr` on the node; ansible-playbook site.yml (role spark_fabric)")

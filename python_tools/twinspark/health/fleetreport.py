@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from twinspark.health.checks import DEGRADED, FAILED, OK, STATUS_ORDER, CheckResult, exit_code, overall, worst
+from twinspark.health.checks import DEGRADED, FAILED, OK, RANK, STATUS_ORDER, CheckResult, exit_code, overall, worst
 from twinspark.health.report import MARKS
 
 
@@ -81,7 +81,7 @@ def router_verdict(router: RouterSeen, pairs: Sequence[PairSeen], others: Sequen
 
 def _first_problem(results: Sequence[CheckResult]) -> CheckResult | None:
     bad = [r for r in results if r.status != OK]
-    return max(bad, key=lambda r: STATUS_ORDER[r.status]) if bad else None
+    return max(bad, key=lambda r: RANK[r.status]) if bad else None
 
 
 def fleet_status(pairs: Sequence[PairSeen], router: RouterVerdict | None) -> str:

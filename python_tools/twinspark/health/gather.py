@@ -182,19 +182,21 @@ def socket_ifnames(value: str) -> list[str]:
 
 
 def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
-                sysfs_root: Path = Path("/sys/class/infiniband")) -> dict[str, object]:
-    """Each socket interface's state from `ip -j addr show dev NAME` (parsed by fabric/links.py, as the
-    spark_fabric role does), and on gb10 whether a RoCE v2 GID index resolves for NCCL_IB_HCA."""
-    from twinspark.fabric import links
+                sysfs_root: Path = Path("/sys/class/infiniband"),
+                read_link: Callable[[str], object] | None = None) -> dict[str, object]:
+    """Each socket interface's state from sysfs and getifaddrs(3) (`fabric.sysfs.read_link`: the shape `ip -j addr`
+    gives, readable inside the health timer's and the guard's sandboxes, where `ip` itself is refused), and on gb10
+    whether a RoCE v2 GID index resolves for NCCL_IB_HCA. `unknown` says the interfaces could not be looked at."""
+    from twinspark.fabric import sysfs
 
+    reader = read_link or sysfs.read_link
     names = socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
     interfaces = []
     for name in names:
-        completed = run(["ip", "-j", "addr", "show", "dev", name])
         try:
-            state = links.parse_link(name, completed.stdout, completed.returncode)
-        except ValueError as error:
-            return {"error": f"cannot parse `ip -j addr show dev {name}`: {error}"}
+            state = reader(name)
+        except (OSError, ValueError, sysfs.SysfsError) as error:
+            return {"unknown": f"cannot look at {name}: {error}"}
         interfaces.append({"ifname": name, "exists": state.exists, "up": state.up, "operstate": state.operstate,
                            "mtu": state.mtu, "addresses": list(state.ipv4)})
     facts: dict[str, object] = {"interfaces": interfaces, "expected_address": env.get("VLLM_HOST_IP", "")}

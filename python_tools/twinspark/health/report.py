@@ -6,9 +6,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from twinspark.health.checks import FAILED, OK, STATUS_ORDER, CheckResult, exit_code, overall
+from twinspark.health.checks import FAILED, OK, PROM_VALUE, RANK, STATUS_ORDER, UNKNOWN, CheckResult, exit_code, overall
 
-MARKS = {OK: "ok", "degraded": "DEGRADED", FAILED: "FAILED"}
+MARKS = {OK: "ok", "degraded": "DEGRADED", FAILED: "FAILED", UNKNOWN: "UNKNOWN"}
 
 
 def table(results: Sequence[CheckResult], quiet: bool = False) -> str:
@@ -26,6 +26,9 @@ def table(results: Sequence[CheckResult], quiet: bool = False) -> str:
             lines.append(f"{'':<8}  {'':<{node_width}}  {'':<{check_width}}  -> {r.fix}")
     status = overall(results)
     counts = ", ".join(f"{sum(r.status == s for r in results)} {s}" for s in STATUS_ORDER)
+    not_looked = sum(r.status == UNKNOWN for r in results)
+    if not_looked:
+        counts += f", {not_looked} unknown"
     lines.append(f"{status.upper()}: {counts} (exit {exit_code(status)})")
     return "\n".join(lines)
 
@@ -62,12 +65,13 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
     from prometheus_client import CollectorRegistry, Gauge
 
     registry = CollectorRegistry()
-    check_status = Gauge("twinspark_health_check_status", "Health check status: 0 ok, 1 degraded, 2 failed",
+    check_status = Gauge("twinspark_health_check_status",
+                         "Health check status: 0 ok, 1 degraded, 2 failed, -1 unknown (the check could not look)",
                          ["node", "check"], registry=registry)
     for r in results:
-        check_status.labels(node=r.node, check=r.check).set(STATUS_ORDER[r.status])
-    Gauge("twinspark_health_status", "Overall pair health: 0 healthy, 1 degraded, 2 failed",
-          registry=registry).set(STATUS_ORDER[overall(results)])
+        check_status.labels(node=r.node, check=r.check).set(PROM_VALUE[r.status])
+    Gauge("twinspark_health_status", "Overall pair health: 0 healthy, 1 degraded (or a check could not look), "
+          "2 failed", registry=registry).set(RANK[overall(results)])
     _stamp(registry, elapsed_s)
     figures = {
         "running": ("twinspark_vllm_requests_running", "Requests running on the pair (vLLM /metrics)"),
@@ -103,13 +107,13 @@ def write_fleet_prom_file(path: Path, pairs: Sequence, router, elapsed_s: float)
                         ["pair"], registry=registry)
     for pair in pairs:
         for r in pair.results:
-            check_status.labels(pair=pair.name, node=r.node, check=r.check).set(STATUS_ORDER[r.status])
-        pair_status.labels(pair=pair.name).set(STATUS_ORDER[pair.status])
+            check_status.labels(pair=pair.name, node=r.node, check=r.check).set(PROM_VALUE[r.status])
+        pair_status.labels(pair=pair.name).set(RANK[pair.status])
     if router is not None:
         Gauge("twinspark_health_router_status", "The fleet router's health: 0 ok, 1 degraded, 2 failed",
-              registry=registry).set(STATUS_ORDER[router.status])
+              registry=registry).set(RANK[router.status])
     Gauge("twinspark_health_status", "Overall fleet health (every pair and the router): 0 healthy, 1 degraded, "
-          "2 failed", registry=registry).set(STATUS_ORDER[fleetreport.fleet_status(pairs, router)])
+          "2 failed", registry=registry).set(RANK[fleetreport.fleet_status(pairs, router)])
     _stamp(registry, elapsed_s)
     _write(path, registry)
 
