@@ -280,12 +280,12 @@ def test_restart_order_is_stop_head_stop_worker_start_worker_start_head_then_wai
     assert pair.calls == ["head stop", "worker stop", "worker start", "head start", "probe", "probe"]
 
 
-def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached():
+def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached_and_starts_the_head_again():
     pair = RecordingPair([], worker_reachable=False)
     ok, outcome = pg.ordered_restart(pair, 600, 60)
     assert not ok
-    assert pair.calls == ["head stop"]
-    assert "worker could not be reached" in outcome
+    assert pair.calls == ["head stop", "head start"]
+    assert "worker could not be reached" in outcome and "head started again" in outcome
 
 
 def test_restart_fails_early_when_the_head_exits_while_loading():

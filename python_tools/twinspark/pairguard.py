@@ -146,7 +146,8 @@ class Pair:
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:
-        out = subprocess.run(systemd.show_argv(self.unit, ("ActiveState", "ActiveEnterTimestampMonotonic")),
+        out = subprocess.run(systemd.show_argv(self.unit, ("ActiveState", "ActiveEnterTimestampMonotonic",
+                                                           "LoadState")),
                              capture_output=True, text=True, timeout=30, check=False)
         return systemd.parse_show(out.stdout)
 
@@ -225,17 +226,87 @@ class Pair:
 def run_steps(pair: Pair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart") -> tuple[bool, str]:
     """Carry out `pairlife.steps` in order: the head through systemctl, the worker through its forced command.
 
-    Returns (ok, what was done). Stops at the first worker step that cannot reach the worker."""
-    done: list[str] = []
+    Returns (ok, what was done). At the first step that fails (the worker unreachable, a systemctl or forced command
+    failing) it stops and puts back what this run stopped (`pairlife.put_back`: worker, then head), so a failure
+    midway never leaves a rank down that was up before; the message says what was put back."""
+    done: list[tuple[str, str]] = []
     for rank, verb in steps:
         log(5, f"{what}: {'stopping' if verb == 'stop' else 'starting'} the {rank}")
+        problem = _step(pair, rank, verb)
+        if problem:
+            said = ", ".join(_done_words(done))
+            message = problem + (f" ({said})" if said else "")
+            back = pairlife.put_back(done, steps)
+            if back:
+                message += "; " + _put_back(pair, back, what)
+            return False, message
+        done.append((rank, verb))
+    return True, ", ".join(_done_words(done)) or "nothing to do"
+
+
+def _done_words(done: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{rank} {'stopped' if verb == 'stop' else 'started'}" for rank, verb in done]
+
+
+def _step(pair: Pair, rank: str, verb: str) -> str:
+    """One step; '' when it worked, else why not."""
+    try:
         if rank == pairlife.HEAD:
             pair.head(verb)
         elif pair.worker(verb) is None:
-            return False, (f"the worker could not be reached to {verb} it"
-                           + (f" ({', '.join(done)})" if done else ""))
-        done.append(f"{rank} {verb.replace('stop', 'stopped').replace('start', 'started')}")
-    return True, ", ".join(done) or "nothing to do"
+            return f"the worker could not be reached to {verb} it"
+    except subprocess.CalledProcessError as exc:
+        return f"systemctl {verb} of the {rank} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}"
+    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+        return f"the {rank}'s {verb} failed: {exc}"
+    return ""
+
+
+def _put_back(pair: Pair, steps: Sequence[tuple[str, str]], what: str) -> str:
+    """Start again the ranks a failed run stopped; a line saying what came back and what could not."""
+    said = []
+    for rank, verb in steps:
+        log(4, f"{what} failed midway: putting back the {rank} (starting it again)")
+        problem = _step(pair, rank, verb)
+        said.append(f"could not start the {rank} again: {problem}" if problem else f"{rank} started again")
+    return "put back what this run stopped: " + ", ".join(said)
+
+
+def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
+    """Before any step: prove each one can run. '' when they can, else the cause and its fix (nothing touched).
+
+    The head's unit must be installed; where a step touches the worker, the guard's key must be one ssh accepts
+    and the worker must answer its forced command at one of its addresses. Stopping the head of a pair whose worker
+    cannot be reached would leave the pair down with no way to bring it back from here."""
+    if not steps:
+        return ""
+    load = pair.head_props().get("LoadState", "loaded")  # a stand-in that does not say is taken as installed
+    if load != "loaded":
+        return (f"the head's {pair.unit} is not installed here (LoadState={load or 'unknown'}): "
+                "run ansible-playbook site.yml; nothing was stopped")
+    if not any(rank == pairlife.WORKER for rank, _ in steps):
+        return ""
+    key = getattr(pair, "ssh_key", None)
+    key_note = ""
+    if key:
+        try:
+            info = os.stat(key)
+        except OSError as exc:
+            key_note = f" (the guard's SSH key {key}: {exc.strerror or exc}; ansible-playbook site.yml makes it)"
+        else:
+            problem = pairlife.key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
+            if problem:
+                return problem + "; nothing was stopped"
+    try:
+        state = pair.worker("state")
+    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+        return f"the worker's forced command does not answer `state` ({exc}); nothing was stopped"
+    if state is None:
+        return (f"the worker does not answer over SSH at {', '.join(pair.worker_addresses)} with the guard's key"
+                f"{key_note}: "
+                "check that it is up and its sshd runs (ssh -i <key> <user>@<worker> state on the head says why); "
+                "nothing was stopped")
+    return ""
 
 
 def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
@@ -336,6 +407,11 @@ def _run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy
                  by_operator: bool = False) -> tuple[GuardState, bool]:
     """One ordered restart, drained from the router when the pair has one. `by_operator`: a restart that clears
     a give-up when it works, so a pair that serves again goes back in even if the guard had given up on it."""
+    problem = preflight(pair, pairlife.RESTART_STEPS)
+    if problem:
+        # Nothing was touched, so nothing is counted: a restart cannot cure this, and the next run looks again.
+        log(3, f"ordered pair restart not started: {problem}")
+        return state, False
     started_at = time.time()
     box: dict[str, object] = {}
 
@@ -367,6 +443,14 @@ def cmd_guard(args: argparse.Namespace) -> int:
     trigger = pairlife.trigger_line(kicks, inbox.listening)
     log(6 if kicks.woken else 7, f"pair guard run: {trigger}")
     pause = pairlife.read_pause(args.pause_file)
+    if pause is not None and pairlife.pause_expired(pause, time.time()):
+        # The run that took it did not end it (it failed, or its controller died): the pair is the guard's again.
+        log(4, f"pair guard was {pairlife.pause_line(pause, time.time())}; the pause is over, looking again")
+        try:
+            pairlife.remove_pause(args.pause_file)
+        except OSError as exc:
+            log(3, f"pair guard: cannot remove the expired pause marker {args.pause_file} ({exc.strerror or exc})")
+        pause = None
     if pause is not None:
         log(6 if kicks.woken else 7, f"pair guard {pairlife.pause_line(pause, time.time())}; not looking "
             f"(`twinspark pair resume`, playbooks/start.yml or restart.yml end the pause)")
@@ -515,9 +599,12 @@ def stop_guard_run(timeout_s: float = 150.0) -> str:
     return ""
 
 
-def _pause(path: str, reason: str) -> int:
+def _pause(path: str, reason: str, expires_in_s: float | None = None) -> int:
+    if expires_in_s is not None and expires_in_s <= 0:
+        log(3, f"pair pause: --expires-in must be a number of seconds above 0 (got {expires_in_s:g})")
+        return 2
     try:
-        pairlife.write_pause(path, reason, _who())
+        pairlife.write_pause(path, reason, _who(), expires_in_s)
     except OSError as exc:
         log(3, f"pair pause: cannot write {path} ({exc.strerror or exc}); run as root on the head, after site.yml")
         return 2
@@ -526,13 +613,15 @@ def _pause(path: str, reason: str) -> int:
         log(4, f"pair pause: the marker is written, so no new guard run acts, but a run in progress may still: "
                f"{problem}")
         return 1
-    log(5, f"pair guard {pairlife.pause_line(pairlife.Pause(reason, _who(), time.time()), time.time())}")
+    now = time.time()
+    expires = None if expires_in_s is None else now + expires_in_s
+    log(5, f"pair guard {pairlife.pause_line(pairlife.Pause(reason, _who(), now, expires), now)}")
     return 0
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
     """Pause the guard: every run from now on (timer or kick) does nothing; a run in progress is stopped."""
-    return _pause(args.pause_file, args.reason)
+    return _pause(args.pause_file, args.reason, args.expires_in)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -567,6 +656,9 @@ def _lifecycle(args: argparse.Namespace, pair: Pair, verb: str) -> int:
                 plan = pairlife.steps(verb, head_state, worker_state)
             else:
                 plan = pairlife.steps(verb)
+            problem = preflight(pair, plan) if verb != "stop" else ""
+            if problem:
+                raise RuntimeError(problem)
 
             def work() -> drain.WorkResult:
                 ok, done = run_steps(pair, plan, what)
@@ -826,6 +918,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pause = verbs.add_parser("pause", help="pause the guard (every run does nothing) and end a run in progress")
     common(pause, acts=False)
     pause.add_argument("--reason", default="paused by an operator", help="why, as the guard's journal will say")
+    pause.add_argument("--expires-in", type=float, default=None, metavar="SECONDS",
+                       help="end the pause by itself after SECONDS (a playbook's pause for one run, so a run that "
+                            "dies midway never leaves the pair without its guard); default: until resumed")
     pause.set_defaults(func=cmd_pause)
     resume = verbs.add_parser("resume", help="end a pause: the guard's next run looks at the pair again")
     common(resume, acts=False)

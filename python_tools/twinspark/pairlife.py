@@ -371,6 +371,34 @@ def steps(verb: str, head_state: str | None = None, worker_state: str | None = N
     raise ValueError(f"pair verb {verb!r} is not one of start, stop, restart")
 
 
+def put_back(done: Sequence[tuple[str, str]], plan: Sequence[tuple[str, str]] = RESTART_STEPS,
+             ) -> tuple[tuple[str, str], ...]:
+    """What to start again after the ordered steps of `plan` failed midway, given the steps that completed: every
+    rank this run stopped and did not start again, worker first (the order a pair comes up in). Nothing when no rank
+    was left stopped by the run, or when the plan only stops (a stop is meant to leave the ranks down)."""
+    if not any(verb == "start" for _, verb in plan):
+        return ()
+    stopped = [rank for rank, verb in done if verb == "stop"]
+    started = {rank for rank, verb in done if verb == "start"}
+    left = [rank for rank in (WORKER, HEAD) if rank in stopped and rank not in started]
+    return tuple((rank, "start") for rank in left)
+
+
+def key_problem(mode: int, owner_uid: int, caller_uid: int, path: str) -> str | None:
+    """Why ssh would refuse the guard's private key (its st_mode and owner), with the fix; None when it would not.
+
+    ssh ignores a private key that its group or others may read or write ("UNPROTECTED PRIVATE KEY FILE"), and one
+    not owned by the user running it; a restart that depends on that key could then stop the head and never reach
+    the worker."""
+    if owner_uid != caller_uid:
+        return (f"the guard's SSH key {path} is owned by uid {owner_uid}, not uid {caller_uid} who runs ssh: "
+                f"chown root:root {path} (ansible-playbook site.yml does)")
+    if mode & 0o077:
+        return (f"the guard's SSH key {path} has mode {mode & 0o777:04o}, which ssh refuses for a private key: "
+                f"chmod 600 {path} (ansible-playbook site.yml does)")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Pausing the guard: one marker file on the head, read by every guard run
 # ---------------------------------------------------------------------------------------------------------------
@@ -384,10 +412,16 @@ class Pause:
     reason: str
     by: str
     since: float | None
+    # A pause taken for one run (a playbook's ordered restart) ends by itself at this unix time, so a run that dies
+    # midway never leaves the pair without its guard; an operator's pause (`pair stop`, `pair pause`) has none.
+    expires: float | None = None
 
 
-def pause_record(reason: str, by: str, now: float) -> bytes:
-    return (json.dumps({"reason": reason, "by": by, "since": now}) + "\n").encode()
+def pause_record(reason: str, by: str, now: float, expires: float | None = None) -> bytes:
+    record: dict[str, object] = {"reason": reason, "by": by, "since": now}
+    if expires is not None:
+        record["expires"] = expires
+    return (json.dumps(record) + "\n").encode()
 
 
 def pause_from_text(text: str) -> Pause:
@@ -395,16 +429,24 @@ def pause_from_text(text: str) -> Pause:
     try:
         data = json.loads(text)
         return Pause(str(data["reason"]), str(data.get("by") or "?"),
-                     float(data["since"]) if data.get("since") is not None else None)
+                     float(data["since"]) if data.get("since") is not None else None,
+                     float(data["expires"]) if data.get("expires") is not None else None)
     except (ValueError, KeyError, TypeError):
         return Pause("a pause marker that does not say why", "?", None)
+
+
+def pause_expired(pause: Pause, now: float) -> bool:
+    return pause.expires is not None and now >= pause.expires
 
 
 def pause_line(pause: Pause, now: float) -> str:
     since = ("" if pause.since is None else
              f" since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(pause.since))} "
              f"({max(0.0, now - pause.since):.0f} s)")
-    return f"paused by {pause.by}{since}: {pause.reason}"
+    until = ("" if pause.expires is None else
+             f", {'expired' if now >= pause.expires else 'ends by itself'} at "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(pause.expires))}")
+    return f"paused by {pause.by}{since}{until}: {pause.reason}"
 
 
 def read_pause(path: str) -> Pause | None:
@@ -426,10 +468,12 @@ def read_pause(path: str) -> Pause | None:
         return Pause(f"the pause marker cannot be read ({exc})", "?", None)
 
 
-def write_pause(path: str, reason: str, by: str) -> None:
+def write_pause(path: str, reason: str, by: str, expires_in_s: float | None = None) -> None:
     from twinspark import atomic
 
-    atomic.write_atomic(path, pause_record(reason, by, time.time()), mode=0o600)
+    now = time.time()
+    expires = None if expires_in_s is None else now + expires_in_s
+    atomic.write_atomic(path, pause_record(reason, by, now, expires), mode=0o600)
 
 
 def remove_pause(path: str) -> Pause | None:
