@@ -15,7 +15,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import envfile, fleet, nodeenv, settings, tls, wheelhouse
+from twinspark import budget, envfile, fleet, nodeenv, settings, tls, wheelhouse
 
 # Parsed once, when the plugin loads: callback_plugins/twinspark_plugin_preload.py loads it in ansible-playbook's own
 # process, so each task's forked worker inherits the parsed registry instead of parsing settings.yml again.
@@ -121,10 +121,12 @@ def twinspark_pair_problems(all_hostvars, groups):
 def _one_pair_problems(all_hostvars, groups):
     """Every problem of one pair, one line each; empty when both nodes' envs are valid (and, under the fork
     flavour, their vllm_runtime_fork_wheels are usable)."""
+    hosts = () if nodeenv.group_problems(groups) else nodeenv.pair_hosts(groups)
+    retired = [f"{host}: {line}" for host in hosts for line in budget.retired_problems(all_hostvars.get(host, {}))]
     try:
         head, worker, envs = _pair(groups, all_hostvars)
     except nodeenv.NodeEnvError as error:
-        return list(error.problems)
+        return list(error.problems) + retired
     found = {host: wheelhouse.problems(all_hostvars[host].get("vllm_runtime_fork_wheels", []))
              for host in (head, worker) if envs[host][0].get("TWINSPARK_RUNTIME_FLAVOUR") == "fork"}
     if len(found) == 2 and found[head] == found[worker]:
@@ -133,7 +135,7 @@ def _one_pair_problems(all_hostvars, groups):
         lines = [f"{host}: {line}" for host, lines in found.items() for line in lines]
     # The API's TLS files (twinspark_vllm_tls_*) are read on the controller: missing, oversized or mismatched
     # files stop the run here, before any host is touched.
-    return lines + [f"{head}: {line}" for line in tls.controller_problems(all_hostvars[head])]
+    return lines + retired + [f"{head}: {line}" for line in tls.controller_problems(all_hostvars[head])]
 
 
 def twinspark_fleet_summary(all_hostvars, groups):

@@ -22,12 +22,23 @@ def twinspark_router_worker_urls(all_hostvars, groups, router):
         raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
 
 
+def twinspark_router_startup_wait(all_hostvars, groups, router):
+    """How long the router on host `router` waits at start for a pair's /health: the longest of its pairs'
+    first-boot budgets (routerconf.startup_wait)."""
+    plain = {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
+    try:
+        return routerconf.startup_wait(plain, groups, str(router))
+    except ValueError as error:
+        raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
+
+
 def twinspark_router_exec_start(urls, python, launcher, keycheck_url, listen_host, port, metrics_port, policy,
-                                worker_key_file=None):
+                                worker_key_file=None, startup_wait_s=None):
     try:
         return routerconf.exec_start(str(python), str(launcher), str(keycheck_url), str(listen_host), int(port),
                                      int(metrics_port), [str(u) for u in urls], str(policy),
-                                     str(worker_key_file) if worker_key_file else None)
+                                     str(worker_key_file) if worker_key_file else None,
+                                     int(startup_wait_s) if startup_wait_s is not None else None)
     except ValueError as error:
         raise AnsibleFilterError(str(error)) from None
 
@@ -37,4 +48,5 @@ class FilterModule:
         return {
             "twinspark_router_worker_urls": twinspark_router_worker_urls,
             "twinspark_router_exec_start": twinspark_router_exec_start,
+            "twinspark_router_startup_wait": twinspark_router_startup_wait,
         }

@@ -14,7 +14,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import pairguard
+from twinspark import budget, pairguard
 
 
 def twinspark_pair_api(env):
@@ -29,6 +29,21 @@ def twinspark_pair_api(env):
         raise AnsibleFilterError(str(error)) from None
     return {"url": api.url, "served_name": api.served_name, "max_model_len": api.max_model_len,
             "headers": api.headers(), "keyed": bool(api.api_key), "ca": api.ca}
+
+
+def twinspark_first_boot_timers(env):
+    """The head's node env (twinspark_node_env) -> every first-boot timer in seconds (twinspark.budget), from its
+    TWINSPARK_PROFILE and TWINSPARK_FIRST_BOOT_BUDGET_S."""
+    env = dict(env)
+    try:
+        return budget.first_boot_timers(str(env.get("TWINSPARK_PROFILE", "")), env.get(budget.BUDGET_ENV, ""))
+    except ValueError as error:
+        raise AnsibleFilterError(str(error)) from None
+
+
+def twinspark_first_boot_retired(host_vars):
+    """Lines naming each retired timer variable a host's inventory still sets (empty when none)."""
+    return budget.retired_problems(host_vars)
 
 
 def twinspark_pair_restart_reasons(probes, flag_path="restart-pending", unit="the rank's unit"):
@@ -56,4 +71,6 @@ class FilterModule:
         return {
             "twinspark_pair_api": twinspark_pair_api,
             "twinspark_pair_restart_reasons": twinspark_pair_restart_reasons,
+            "twinspark_first_boot_timers": twinspark_first_boot_timers,
+            "twinspark_first_boot_retired": twinspark_first_boot_retired,
         }

@@ -109,7 +109,8 @@ def render(name, **values):
                 "router_policy": "power_of_two", "router_version": "0.1.17", "router_firewall_enabled": True,
                 "router_firewall_file": "/etc/twinspark-router/firewall.nft", "router_firewall_ssh_ports": [22],
                 "router_clients_v4": ["127.0.0.0/8", "192.0.2.0/24"], "router_clients_v6": ["::1/128"],
-                "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"]}
+                "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"],
+                "router_startup_wait_s": 3600}
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
 

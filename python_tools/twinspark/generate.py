@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from twinspark import layout, settings
+from twinspark import budget, layout, settings
 from twinspark.settings import Knob, Registry
 
 CONFIG_MD = Path("docs/CONFIG.md")
@@ -143,6 +143,9 @@ def config_markdown(registry: Registry) -> str:
         "  worker rank gets no key;",
         "- `--headless` on the worker (NODE_RANK=1) only. `--max-num-partial-prefills` is never passed.",
         "",
+    ]
+    lines += _first_boot_section(registry)
+    lines += [
         "## Fixed per profile",
         "",
         "Not knobs: the launcher always passes these.",
@@ -159,6 +162,28 @@ def config_markdown(registry: Registry) -> str:
             lines += ["Environment:", ""] + [f"- `{k}={v}`" for k, v in profile.fixed_env.items()]
     lines += _flavour_section(registry)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _first_boot_section(registry: Registry) -> list[str]:
+    knob = registry[budget.BUDGET_ENV]
+    defaults = {profile: int(knob.default_for(profile) or 0) for profile in settings.PROFILES}
+    return [
+        "## First-boot timers",
+        "",
+        f"Every timer a start of the pair crosses is derived from `{budget.BUDGET_ENV}` by",
+        "`twinspark.budget.first_boot_timers` (the launcher sets vLLM's two variables; the vllm_service and router",
+        "roles read the rest through the filters `twinspark_first_boot_timers` and `twinspark_router_startup_wait`).",
+        "The role's readiness wait is the budget; vLLM's engine-ready wait ends a margin (a tenth of the budget,",
+        f"{budget.MARGIN_MIN_S} to {budget.MARGIN_MAX_S} s) earlier, so the playbook reports vLLM's own error",
+        "rather than timing out itself. With the default budgets:",
+        "",
+        *budget.table(defaults),
+        "",
+        "`VLLM_ENGINE_READY_TIMEOUT_S` and `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS` cannot be set in an env file, and",
+        "`vllm_service_ready_timeout_s` / `vllm_service_start_timeout_s` cannot be set in the inventory: set the",
+        "budget.",
+        "",
+    ]
 
 
 def _flavour_section(registry: Registry) -> list[str]:

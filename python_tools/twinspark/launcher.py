@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinspark import settings
+from twinspark import budget, settings
 from twinspark.fabric.gid import match_ip as gid_match_ip
 from twinspark.settings import Registry
 from twinspark.vllm_entry import API_KEYS_ENV
@@ -137,6 +137,9 @@ def build_command(
         if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
     env.update(registry.fixed_env(profile, flavour))
+    # vLLM's own start-up waits, derived from the pair's one first-boot budget (twinspark/budget.py).
+    first_boot = values.get(budget.BUDGET_ENV) or registry[budget.BUDGET_ENV].default_for(profile)
+    env.update(budget.vllm_env(profile, first_boot or ""))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)
     secret_env = []
     keys = api_keys(values)

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from twinspark import fleet
+from twinspark import budget, fleet, nodeenv
 
 POLICIES = ("power_of_two", "cache_aware", "round_robin", "random", "consistent_hash", "sticky_least_loaded")
 DEFAULT_POLICY = "power_of_two"
@@ -31,18 +31,43 @@ TUNED = {
     "--cb-success-threshold": "1",
     "--cb-timeout-duration-secs": "2",
     "--worker-startup-check-interval": "1",
-    "--worker-startup-timeout-secs": "120",
 }
+# How long the router, at its own start, waits for a pair's /health before it exits (and systemd starts it again):
+# derived from the fronted pairs' first-boot budgets (twinspark.budget), never set on its own.
+STARTUP_WAIT_FLAG = "--worker-startup-timeout-secs"
 
 
-def flags(policy: str = DEFAULT_POLICY) -> list[str]:
-    """--policy and the tuned flags, in a stable order."""
+def flags(policy: str = DEFAULT_POLICY, startup_wait_s: int | None = None) -> list[str]:
+    """--policy and the tuned flags, in a stable order; `startup_wait_s` (`startup_wait`) when given, else the
+    router's own default (the loopback drills)."""
     if policy not in POLICIES:
         raise ValueError(f"router_policy: {policy!r} is not one of {', '.join(POLICIES)}")
     out = ["--policy", policy]
     for name, value in TUNED.items():
         out += [name, value]
+    if startup_wait_s is not None:
+        out += [STARTUP_WAIT_FLAG, str(int(startup_wait_s))]
     return out
+
+
+def startup_wait(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
+                 router: str) -> int:
+    """The longest startup wait of the pairs `router` fronts: each pair's first-boot budget under its own profile,
+    as its head's env file carries them (twinspark.budget.first_boot_timers, router_startup_wait_s)."""
+    found, problems = fleet.pairs(host_vars, groups)
+    fronted, more = fleet.router_pairs(host_vars.get(router, {}), found)
+    if problems or more or not fronted:
+        raise ValueError("; ".join(problems + more) or f"{router}: fronts no pair")
+    waits = []
+    for pair in fronted:
+        head = host_vars.get(pair.head, {})
+        try:
+            profile = nodeenv.head_setting(head, "TWINSPARK_PROFILE") or ""
+            first_boot = nodeenv.head_setting(head, budget.BUDGET_ENV) or ""
+        except nodeenv.NodeEnvError as error:
+            raise ValueError(f"pair {pair.name}: {error}") from None
+        waits.append(budget.first_boot_timers(profile, first_boot)["router_startup_wait_s"])
+    return max(waits)
 
 
 def worker_urls(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
@@ -73,12 +98,14 @@ def router_url(router: Mapping[str, Any], name: str) -> str:
 
 
 def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, port: int, metrics_port: int,
-               urls: Sequence[str], policy: str = DEFAULT_POLICY, worker_key_file: str | None = None) -> str:
+               urls: Sequence[str], policy: str = DEFAULT_POLICY, worker_key_file: str | None = None,
+               startup_wait_s: int | None = None) -> str:
     """The router unit's ExecStart=: routerlaunch.py serve, the key check URL, the file of the key the router sends
-    to the pairs itself (its proxied paths, /tokenize among them), then the router's own flags."""
+    to the pairs itself (its proxied paths, /tokenize among them), then the router's own flags (`startup_wait_s`:
+    see `startup_wait`)."""
     key = ["--worker-key-file", worker_key_file] if worker_key_file else []
     argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, *key, "--",
             "--host", listen_host, "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--worker-urls", *urls, *flags(policy)]
+            "--worker-urls", *urls, *flags(policy, startup_wait_s)]
     return shlex.join(argv)

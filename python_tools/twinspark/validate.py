@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from twinspark import settings
+from twinspark import budget, settings
 from twinspark.settings import Knob, Registry
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -359,6 +359,9 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
 
 
 def _unknown_variable(name: str, profile: str, registry: Registry, flavour: str = "stock") -> Problem | None:
+    if name in budget.VLLM_ENV:
+        return Problem(name, f"is derived from {budget.BUDGET_ENV} by the launcher; remove it and set "
+                             f"{budget.BUDGET_ENV} ({budget.BUDGET_VAR} in the inventory) instead")
     fixed = registry.fixed_env(profile, flavour)
     if name in fixed:
         return Problem(name, f"is fixed by the {profile} profile ({fixed[name]}) and set by the launcher; remove it")
