@@ -7,6 +7,7 @@ lasting the short probe timeout) with plain numbers; the real pair is frozen by 
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -415,6 +416,11 @@ def guarded(tmp_path, monkeypatch):
     monkeypatch.setattr(pg.Pair, "head_props",
                         lambda self: {"ActiveState": "active", "ActiveEnterTimestampMonotonic": "1"})
     monkeypatch.setattr(pg.Pair, "worker", lambda self, verb: "active")
+    # The guard's key as site.yml leaves it, and a rank unit whose executable is there: nothing holds a restart back.
+    key = tmp_path / "id_ed25519"
+    key.write_text("key\n")
+    key.chmod(0o600)
+    monkeypatch.setattr(pg.Pair, "exec_start", lambda self: f"{{ path={sys.executable} ; argv[]={sys.executable} }}")
     probe = pg.Pair.probe
 
     def timed_probe(self, timeout_s):
@@ -432,7 +438,8 @@ def guarded(tmp_path, monkeypatch):
 
     def run_json(capsys):
         argv = ["pair", "guard", "--env", str(env), "--worker", "127.0.0.1", "--state-file", str(state_file),
-                "--short-probe-timeout", "0.3", "--metrics-timeout", "2", "--stall-window", "30", "--json",
+                "--ssh-key", str(key), "--short-probe-timeout", "0.3", "--metrics-timeout", "2", "--stall-window", "30",
+                "--json",
                 "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused")]
         code = cli.main(argv)
         return code, json.loads(capsys.readouterr().out)

@@ -1,10 +1,11 @@
 """The pair guard's rules: what a look at the pair means and what to do about it, as pure functions over plain data.
 
-`assess` judges one observation (both units, the one-token probe, vLLM's counters on /metrics); `decide` turns a
-verdict and the remembered state into an action (none, wait, restart, give up) with backoff; `after_restart`
-records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a busy pair is told
-from a stalled one. No systemctl, SSH, HTTP or clock here (the one file read is the node's layout, once, at import,
-for the rank's unit name): pairguard.py does the I/O and hands these functions what it saw
+`assess` judges one observation (both units, the one-token probe, vLLM's counters on /metrics, the fabric); `decide`
+turns a verdict and the remembered state into an action (none, wait, restart, hold, give up) with backoff; it never
+restarts for what a restart cannot cure (the fabric down, the guard's key unusable, the runtime missing);
+`after_restart` records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a
+busy pair is told from a stalled one. No systemctl, SSH, HTTP or clock here (the one file read is the node's layout,
+once, at import, for the rank's unit name): pairguard.py does the I/O and hands these functions what it saw
 (roles/vllm_service/README.md describes the faults they answer).
 """
 
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 
 from twinspark import api as head_api
-from twinspark import layout
+from twinspark import layout, systemd
+from twinspark.fabric.links import LinkState
 
 UNIT = layout.current().unit_vllm  # the rank's unit on this node (layout.yml, overlaid by the node file)
 RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
@@ -45,12 +47,14 @@ class Verdict(StrEnum):
     UNKNOWN = "unknown"  # cannot see (or act on) the worker
     SUSPECT = "suspect"  # a generation timed out: maybe only busy, count strikes
     BROKEN = "broken"  # restart the pair
+    FABRIC_DOWN = "fabric_down"  # the link between the nodes is down: a restart cannot fix it, wait for the link
 
 
 class Action(StrEnum):
     NONE = "none"  # healthy
     WAIT = "wait"  # look again next run
     RESTART = "restart"  # ordered pair restart now
+    HOLD = "hold"  # broken, but a restart cannot cure the cause (named in the reason): none is made, loudly
     GIVE_UP = "give_up"  # too many failed restarts: stop trying, loudly
     GAVE_UP = "gave_up"  # already given up; an operator must act
 
@@ -112,6 +116,10 @@ class Observation:
     probe_detail: str = ""
     head_active_for_s: float | None = None  # how long the head's unit has been active
     samples: tuple[Sample, ...] = ()  # /metrics before (and after a timed-out probe), oldest first
+    worker_active_for_s: float | None = None  # how long the worker's unit has been active (None: an older worker
+    # whose forced command does not say, or not active)
+    fabric_down: str | None = None  # why the link between the nodes is down, in one line; None: up, or not looked at
+    cannot_restart: str | None = None  # a cause no restart can cure (the guard's key, the runtime), in one line
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,10 @@ class Policy:
     short_probe_timeout_s: float = 15.0  # the probe's timeout once /metrics can judge progress
     sample_max_age_s: float = 300.0  # an older saved sample is not compared with (the guard was not running)
     metrics_timeout_s: float = 5.0  # how long one read of /metrics may take
+    fabric_wait_s: float = 300.0  # the fabric down this long is reported loudly (still no restart: none fixes a link)
+    # An ordered start starts the head seconds after the worker (Type=exec returns once the launcher runs); a head
+    # whose rank became active this much later than the worker's was started alone and cannot join that worker.
+    pair_start_skew_s: float = 60.0
 
     def backoff_s(self, recent_attempts: int) -> float:
         """Seconds to wait after the latest restart, given how many restarts happened within the flap window."""
@@ -154,6 +166,7 @@ class GuardState:
     last: Mapping[str, object] = field(default_factory=dict)  # the latest run: at, verdict, action, reason
     progress: Progress | None = None  # the latest /metrics counters, to compare with on the next run
     served_at: float | None = None  # when the pair last answered a probe or moved its counters
+    fabric_down_since: float | None = None  # when the guard first saw the fabric down (None: up at the last look)
 
     def recent_attempts(self, now: float, window_s: float) -> tuple[Attempt, ...]:
         return tuple(a for a in self.attempts if now - a.at < window_s)
@@ -226,6 +239,17 @@ def _counters(progress: Progress) -> str:
     return f"{progress.running:.0f} request(s) running, token counter at {progress.tokens:.0f}"
 
 
+def head_started_late_s(obs: Observation, policy: Policy) -> float | None:
+    """How much later than the worker's rank the head's rank became active, when that is more than an ordered start
+    explains (`pair_start_skew_s`); None otherwise, or when a worker does not say how long its rank has run.
+
+    The old worker rank already met (or waited out) an earlier head; it never meets a head started after it."""
+    if obs.worker_active_for_s is None or obs.head_active_for_s is None:
+        return None
+    late = obs.worker_active_for_s - obs.head_active_for_s
+    return late if late > policy.pair_start_skew_s else None
+
+
 def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
            is_warm: bool = False) -> tuple[Verdict, str]:
     """Judge the pair from one observation, the /metrics progress (`track`) and whether it served since its start.
@@ -233,6 +257,8 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
     Without `progress` it is tracked from this run's samples alone."""
     if progress is None:
         progress = track(None, obs.samples, policy)
+    if obs.fabric_down and obs.probe is not Probe.OK:
+        return Verdict.FABRIC_DOWN, f"the fabric is down: {obs.fabric_down}"
     if obs.worker_state is None:
         return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
     for rank, state in (("head", obs.head_state), ("worker", obs.worker_state)):
@@ -244,6 +270,11 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
         return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
     if obs.probe is Probe.OK:
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
+    late = head_started_late_s(obs, policy)
+    if late is not None:
+        return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after the worker's rank and does not serve "
+                                f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
+                                "alone, e.g. by systemd with its firewall unit); ordered restart")
     if obs.probe in (Probe.TIMEOUT, Probe.SKIPPED) and progress is not None:
         if stalled(progress, policy):
             return Verdict.BROKEN, (f"stalled: {_counters(progress)} and unchanged for {progress.flat_for():.0f} s "
@@ -286,6 +317,13 @@ def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> D
     verdict, reason = assess(obs, policy, progress, warm(state.served_at, obs.head_active_for_s, now))
     served = obs.probe is Probe.OK or bool(progress is not None and progress.moved)
     state = replace(state, progress=progress, served_at=now if served else state.served_at)
+    fabric_waited = 0.0
+    if verdict is Verdict.FABRIC_DOWN:
+        since = now if state.fabric_down_since is None else state.fabric_down_since
+        state, fabric_waited = replace(state, fabric_down_since=since), max(0.0, now - since)
+    elif state.fabric_down_since is not None:
+        reason = f"{reason} (the fabric is back after {now - state.fabric_down_since:.0f} s down)"
+        state = replace(state, fabric_down_since=None)
     if verdict is Verdict.HEALTHY:
         # Healthy clears every count, including a give-up: the pair was repaired by someone.
         return Decision(verdict, Action.NONE, reason,
@@ -294,6 +332,22 @@ def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> D
         return Decision(verdict, Action.GAVE_UP,
                         f"{reason}; gave up after {state.failures_in_row} failed restart(s): {state.gave_up_reason}; "
                         f"fix the cause, then {RESTART_HINT}", state)
+    if verdict is Verdict.FABRIC_DOWN:
+        # No restart and nothing counted, however long: a restart cannot bring a link back. Once the link is back the
+        # usual rules judge the pair, so an outage ends in at most one restart, after it, and only if the pair does
+        # not serve by then.
+        if fabric_waited < policy.fabric_wait_s:
+            return Decision(verdict, Action.WAIT,
+                            f"{reason}; waiting for the link ({fabric_waited:.0f} s of {policy.fabric_wait_s:.0f} s): "
+                            "a restart cannot fix a link", state)
+        return Decision(verdict, Action.HOLD,
+                        f"{reason}; gave the fabric {fabric_waited:.0f} s (bound {policy.fabric_wait_s:.0f} s) and it "
+                        "is still down: no restart, a restart cannot fix a link; check the cable, both ports (ip link "
+                        "on both nodes) and the worker's power; once the link is back the guard restarts the pair "
+                        "only if it does not serve", state)
+    if verdict is Verdict.UNKNOWN and obs.cannot_restart:
+        # e.g. ssh refuses the guard's key, so the worker looks unreachable: the key is what needs an operator.
+        return Decision(verdict, Action.HOLD, f"{reason}; {obs.cannot_restart}", state)
     if verdict in (Verdict.STARTING, Verdict.UNKNOWN):
         return Decision(verdict, Action.WAIT, reason, state)
     if verdict is Verdict.SUSPECT and progress is not None and progress.running > 0:
@@ -306,6 +360,9 @@ def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> D
             return Decision(verdict, Action.WAIT,
                             f"{reason}; strike {strikes} of {policy.timeout_strikes} (a busy pair answers late)", state)
         reason = f"{reason}; {strikes} timed-out generations in a row"
+    if obs.cannot_restart:
+        # Nothing is counted: the ordered restart could not run, or could not help, until this is fixed.
+        return Decision(verdict, Action.HOLD, f"{reason}; not restarting: {obs.cannot_restart}", state)
     if state.failures_in_row >= policy.max_attempts:
         gave_up = replace(state, gave_up_at=now,
                           gave_up_reason=f"{state.failures_in_row} ordered restarts in a row did not bring the "
@@ -381,12 +438,14 @@ def state_from_json(data: Mapping[str, object]) -> GuardState:
                      for a in data.get("attempts") or [])
     gave_up_at = data.get("gave_up_at")
     served_at = data.get("served_at")
+    fabric_down_since = data.get("fabric_down_since")
     return GuardState(attempts=attempts, failures_in_row=int(data.get("failures_in_row") or 0),
                       timeout_strikes=int(data.get("timeout_strikes") or 0),
                       gave_up_at=float(gave_up_at) if gave_up_at is not None else None,
                       gave_up_reason=str(data.get("gave_up_reason") or ""), last=dict(data.get("last") or {}),
                       progress=progress_from_json(data.get("progress")),
-                      served_at=float(served_at) if served_at is not None else None)
+                      served_at=float(served_at) if served_at is not None else None,
+                      fabric_down_since=float(fabric_down_since) if fabric_down_since is not None else None)
 
 
 def progress_from_json(data: object) -> Progress | None:
@@ -414,3 +473,99 @@ def active_for_s(props: Mapping[str, str], now_monotonic: float) -> float | None
     if entered <= 0 or props.get("ActiveState") != "active":
         return None
     return max(0.0, now_monotonic - entered / 1e6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a restart cannot cure (pure): the fabric, the worker's rank's age, the unit's executable
+# ---------------------------------------------------------------------------------------------------------------
+
+# Where the guard knocks on the worker's fabric address: its sshd (the guard's own SSH goes there first, and the
+# firewall accepts the SSH ports before any TwinSpark rule). A refusal counts as an answer: the host is there.
+FABRIC_PROBE_PORT = 22
+
+
+def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
+    """This node's fabric interfaces: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME)."""
+    from twinspark.health.gather import socket_ifnames
+
+    return socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
+
+
+def fabric_peer(env: Mapping[str, str]) -> str | None:
+    """The other node's fabric address: the worker's (WORKER_HOST) on the head, the head's (MASTER_ADDR) on the
+    worker; None when the env file does not say."""
+    key = "WORKER_HOST" if env.get("NODE_RANK", "0") == "0" else "MASTER_ADDR"
+    return env.get(key) or None
+
+
+def link_problem(link: LinkState) -> str | None:
+    """Why one fabric interface cannot carry the pair, in words; None when it is up with a carrier."""
+    if not link.exists:
+        return f"{link.name} does not exist on this node"
+    if link.up:
+        return None
+    if "UP" not in link.flags:
+        why = "administratively down"
+    elif "NO-CARRIER" in link.flags:
+        why = "no carrier"
+    else:
+        why = "not up"
+    return f"{link.name} is down ({why}, operstate {link.operstate.lower()})"
+
+
+def connect_problem(address: str, port: int, error: OSError | None, timeout_s: float) -> str | None:
+    """A TCP connect to the peer's fabric address -> why the peer is not reachable; None when it answered (connected,
+    or refused: a refusal comes from the host itself) or when the error says nothing about the path (then a restart
+    is not held back on a guess)."""
+    import errno
+
+    where = f"the peer's fabric address {address} (TCP {port})"
+    if error is None or isinstance(error, ConnectionRefusedError):
+        return None
+    if isinstance(error, TimeoutError):
+        return f"{where} does not answer within {timeout_s:g} s (the link, or the peer is off)"
+    if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN):
+        return f"{where} is unreachable ({error.strerror or error})"
+    return None
+
+
+def fabric_problem(links: Sequence[LinkState], peer_problem: str | None) -> str | None:
+    """This node's fabric interfaces and the peer's answer -> one line saying why the fabric is down; None: up."""
+    said = [problem for problem in map(link_problem, links) if problem]
+    if peer_problem:
+        said.append(peer_problem)
+    return "; ".join(said) or None
+
+
+def worker_status(text: str) -> tuple[str, float | None]:
+    """The worker's forced command's `state-since` answer -> (ActiveState, seconds its rank has been active).
+
+    It prints `systemctl show`'s ActiveState and ActiveEnterTimestampMonotonic and the node's Uptime (seconds since
+    boot; the same clock as the monotonic timestamp on a node that does not suspend). A bare state (what `state`
+    prints, and all an older worker says) comes back with no age."""
+    if "=" not in text:
+        return (text.strip() or "unknown"), None
+    props = systemd.parse_show(text)
+    try:
+        uptime = float(props.get("Uptime", ""))
+    except ValueError:
+        uptime = None
+    state = props.get("ActiveState") or "unknown"
+    return state, None if uptime is None else active_for_s(props, uptime)
+
+
+def exec_path(exec_start: str) -> str | None:
+    """`systemctl show -P ExecStart` ('{ path=/opt/x/bin/python ; argv[]=... }') -> the executable; None if absent."""
+    for field_text in exec_start.strip().strip("{}").split(";"):
+        key, sep, value = field_text.strip().partition("=")
+        if sep and key == "path" and value.strip():
+            return value.strip()
+    return None
+
+
+def runtime_problem(path: str | None, present: bool) -> str | None:
+    """The rank's executable (its unit's ExecStart) and whether it is there -> why no restart can start the rank."""
+    if path is None or present:
+        return None
+    return (f"the runtime is missing: {path}, which {UNIT} runs, is not there; ansible-playbook site.yml installs it "
+            "(role vllm_runtime)")

@@ -18,6 +18,13 @@ and keeps the latest sample in its state file so that successive runs compare: r
 idle pair (nothing running) whose short probe times out with no progress on /metrics, or with /metrics not
 answering, is broken once it has served since its start (a young pair's first generation compiles kernels).
 
+The guard restarts only what a restart can fix. Before deciding on a pair that does not serve, it looks at the
+fabric (this node's NCCL/gloo interfaces in sysfs, and a TCP connect to the peer's fabric address): while the link is
+down it waits, counting nothing, and past `fabric_wait_s` says so loudly, still without restarting. A guard key ssh
+refuses, or a rank's executable that is not there, holds a restart back the same way, naming the fix. And a head
+restarted alone (by systemd, with its firewall unit) next to the worker's old rank is told from a starting pair by
+the ranks' ages: the worker's forced command reports how long its rank has been active.
+
 The rules (`assess`, `decide`, `after_restart`, `track`, `probe_plan`) are pure functions over plain data in
 guard_rules.py; this module is the I/O around them: systemctl, SSH and HTTP sit in `Pair`, which the rules never
 see, and the command line, the state file, the lock and the pause are here.
@@ -37,10 +44,12 @@ from pathlib import Path
 
 from twinspark import api as head_api
 from twinspark import atomic, drain, pairlife, systemd
+from twinspark.fabric import sysfs
 
 # The rules are pure and live in guard_rules.py; the guard's I/O below applies them, and these names stay
 # importable from here for the callers and tests that use them.
 from twinspark.guard_rules import (  # noqa: F401
+    FABRIC_PROBE_PORT,
     RESTART_HINT,
     TRANSITIONAL,
     UNIT,
@@ -60,15 +69,22 @@ from twinspark.guard_rules import (  # noqa: F401
     after_restart,
     assess,
     classify_probe,
+    connect_problem,
     decide,
+    exec_path,
+    fabric_ifnames,
+    fabric_peer,
+    fabric_problem,
     probe_plan,
     progress_from_json,
+    runtime_problem,
     sample_from_metrics,
     stalled,
     state_from_json,
     state_to_json,
     track,
     warm,
+    worker_status,
 )
 
 DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
@@ -79,8 +95,9 @@ LOCK_FILE = pairlife.DEFAULT_LOCK_FILE
 LOCK_TIMEOUT_S = pairlife.DEFAULT_LOCK_TIMEOUT_S
 PAUSE_FILE = pairlife.DEFAULT_PAUSE_FILE
 
-# What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2).
-PEER_VERBS = ("state", "stop", "start")
+# What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2). `state-since`
+# is `state` with the rank's age; an older worker refuses it, and the guard then asks `state`.
+PEER_VERBS = ("state", "state-since", "stop", "start")
 
 
 # The head's API (its URL, key, TLS verification and the probes themselves) lives in twinspark.api; these names
@@ -143,6 +160,11 @@ class Pair:
     ssh_timeout_s: float = 10.0
     unit: str = UNIT
     router: drain.Router | None = None  # the fleet's router, when the env files name one (twinspark.drain)
+    fabric_ifnames: Sequence[str] = ()  # this node's fabric interfaces (NCCL_SOCKET_IFNAME), read in sysfs
+    fabric_peer: str | None = None  # the worker's fabric address (WORKER_HOST), knocked on over TCP
+    class_net: Path = sysfs.CLASS_NET
+    fabric_port: int = FABRIC_PROBE_PORT
+    fabric_timeout_s: float = 1.5
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:
@@ -179,6 +201,42 @@ class Pair:
             return out.stdout.strip()
         return None
 
+    def worker_status(self) -> tuple[str | None, float | None]:
+        """The worker's ActiveState and how long its rank has been active (None: unreachable, or an older forced
+        command that only says the state)."""
+        try:
+            text = self.worker("state-since")
+        except RuntimeError:  # an older forced command refuses the verb: ask what it knows
+            text = self.worker("state")
+            return text, None
+        if text is None:
+            return None, None
+        return worker_status(text)
+
+    # -- what a restart cannot cure --
+    def fabric(self) -> str | None:
+        """Why the fabric is down, in one line (None: up, or nothing to look at): this node's interfaces in sysfs,
+        then whether the peer's fabric address answers a TCP connect."""
+        links = []
+        for name in self.fabric_ifnames:
+            try:
+                links.append(sysfs.read_link(name, self.class_net, addresses=lambda _name: []))
+            except (OSError, ValueError, sysfs.SysfsError) as exc:
+                log(4, f"pair guard: cannot look at fabric interface {name} ({exc}); judging without it")
+        local = fabric_problem(links, None)
+        if local or not self.fabric_peer:
+            return local
+        return fabric_problem((), peer_problem(self.fabric_peer, self.fabric_port, self.fabric_timeout_s))
+
+    def exec_start(self) -> str:
+        """The head's rank unit's ExecStart, as `systemctl show` says it ('' when it cannot be asked)."""
+        try:
+            out = subprocess.run(["systemctl", "show", self.unit, "--property=ExecStart", "--value"],
+                                 capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout if out.returncode == 0 else ""
+
     # -- the API --
     def probe(self, timeout_s: float) -> tuple[Probe, str]:
         """Ask the head's API the health tools' questions (twinspark.health.gather) and classify the answers."""
@@ -199,7 +257,7 @@ class Pair:
         /metrics again after a probe that timed out. Without a policy: the units and the probe only."""
         props = self.head_props()
         head_state = props.get("ActiveState") or "unknown"
-        worker_state = self.worker("state")
+        worker_state, worker_for = self.worker_status()
         active_for = active_for_s(props, time.monotonic())
         probe, detail = Probe.SKIPPED, ""
         samples: list[Sample] = []
@@ -215,7 +273,45 @@ class Pair:
                 probe, detail = self.probe(timeout)
                 if probe is Probe.TIMEOUT and policy is not None:
                     samples.append(self.sample(policy.metrics_timeout_s))
-        return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples))
+        # Only a pair that does not serve needs the look (and the worker's sshd sees no connect from a healthy one).
+        fabric = self.fabric() if probe is not Probe.OK else None
+        return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples),
+                           worker_active_for_s=worker_for, fabric_down=fabric)
+
+
+def peer_problem(address: str, port: int, timeout_s: float) -> str | None:
+    """Knock on the peer's fabric address over TCP (the guard's unit may open no raw socket, so no ping): None when
+    it answered (connected or refused), else why not."""
+    import socket
+
+    error: OSError | None = None
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        error = exc
+    return connect_problem(address, port, error, timeout_s)
+
+
+def restart_blocker(pair: Pair) -> str | None:
+    """A cause no ordered restart can cure, found cheaply on the head, in one line with its fix; None when none.
+
+    The guard's SSH key must be one ssh accepts (0600, owned by whoever runs ssh: ssh ignores any other), and the
+    head's rank unit must find the executable it runs. A stand-in pair without a key or unit says nothing."""
+    key = getattr(pair, "ssh_key", None)
+    if key:
+        try:
+            info = os.stat(key)
+        except FileNotFoundError:
+            return f"the guard's SSH key {key} does not exist: ansible-playbook site.yml makes it"
+        except OSError as exc:
+            return f"the guard's SSH key {key} cannot be looked at ({exc.strerror or exc}): run the guard as root"
+        problem = pairlife.key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
+        if problem:
+            return problem
+    show = getattr(pair, "exec_start", None)
+    path = exec_path(show()) if show is not None else None
+    return runtime_problem(path, path is None or os.path.exists(path))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -375,7 +471,8 @@ def _pair_from_args(args: argparse.Namespace) -> Pair:
     api = api_from_env(env)
     ref = drain.router_from_env(env, api.api_key)
     return Pair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
-                known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref))
+                known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
+                fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env))
 
 
 def _pair_or_none(args: argparse.Namespace, what: str) -> Pair | None:
@@ -391,7 +488,8 @@ def _policy_from_args(args: argparse.Namespace) -> Policy:
     return Policy(max_attempts=args.max_attempts, backoff_initial_s=args.backoff_initial,
                   backoff_max_s=args.backoff_max, startup_grace_s=args.startup_grace,
                   timeout_strikes=args.timeout_strikes, stall_window_s=args.stall_window,
-                  short_probe_timeout_s=args.short_probe_timeout, metrics_timeout_s=args.metrics_timeout)
+                  short_probe_timeout_s=args.short_probe_timeout, metrics_timeout_s=args.metrics_timeout,
+                  fabric_wait_s=args.fabric_wait)
 
 
 def _router_of(pair: Pair) -> drain.Router | None:
@@ -502,6 +600,8 @@ def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pair
             log(6, f"waited {waited:.1f} s for a stopping rank to finish stopping (head {head}, "
                    f"worker {worker or 'unreachable'})")
     obs = pair.observe(args.probe_timeout, policy, state)
+    if obs.probe is not Probe.OK:
+        obs = replace(obs, cannot_restart=restart_blocker(pair))
     now = time.time()
     decision = decide(obs, state, policy, now)
     state = replace(decision.state, last={"at": now, "verdict": decision.verdict.value,
@@ -510,8 +610,12 @@ def _guard_run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: pair
     if decision.action is Action.NONE:
         log(7, f"pair healthy: {decision.reason}")
     elif decision.action is Action.WAIT:
-        log(4 if decision.verdict in (Verdict.UNKNOWN, Verdict.SUSPECT) else 6, f"pair {decision.verdict.value}: "
-            f"{decision.reason}")
+        log(4 if decision.verdict in (Verdict.UNKNOWN, Verdict.SUSPECT, Verdict.FABRIC_DOWN) else 6,
+            f"pair {decision.verdict.value}: {decision.reason}")
+    elif decision.action is Action.HOLD:
+        # A restart cannot cure it: say so at error priority on every run, and fail the run, until it is fixed.
+        log(3, f"pair {decision.verdict.value}, NOT restarting: {decision.reason}")
+        code = 1
     elif decision.action in (Action.GIVE_UP, Action.GAVE_UP):
         log(3, f"pair guard GAVE UP: {decision.reason}")
         # A router restarted since the pair left lists it again: take it out on every run while given up.
@@ -833,6 +937,9 @@ def cmd_state(args: argparse.Namespace) -> int:
         print(f"reason:          {last.get('reason', '-')}")
         print(f"failed in a row: {state.failures_in_row}")
         print(f"gave up:         {state.gave_up_reason or 'no'}")
+        if state.fabric_down_since is not None:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.fabric_down_since))
+            print(f"fabric:          down since {stamp} ({time.time() - state.fabric_down_since:.0f} s)")
         pause = pairlife.read_pause(args.pause_file)
         print(f"guard:           {pairlife.pause_line(pause, time.time()) if pause else 'watching (not paused)'}")
         progress = state.progress
@@ -880,6 +987,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the one-token probe's timeout once /metrics shows vLLM's counters (judged by them)")
         sub.add_argument("--metrics-timeout", type=float, default=Policy.metrics_timeout_s, metavar="S",
                          help="how long one read of the head's /metrics may take")
+        sub.add_argument("--fabric-wait", type=float, default=Policy.fabric_wait_s, metavar="S",
+                         help="the fabric down this long is reported at error priority (the guard never restarts "
+                              "while it is down: a restart cannot fix a link)")
         sub.add_argument("--json", action="store_true", help="print what was seen and decided as JSON")
         sub.add_argument("--lock-file", default=LOCK_FILE, metavar="FILE",
                          help="the pair's lifecycle lock, taken by every start, stop and restart (the guard never "
