@@ -47,10 +47,10 @@ TIMERS = (
     ("budget_s", f"{BUDGET_ENV} in serve.env ({BUDGET_VAR})"),
     ("vllm_engine_ready_timeout_s", f"vLLM's {ENGINE_READY_ENV} (the launcher sets it)"),
     ("vllm_execute_model_timeout_s", f"vLLM's {EXECUTE_MODEL_ENV} (the launcher sets it)"),
-    ("unit_start_timeout_s", "TimeoutStartSec= of twinspark-vllm.service (vllm_service_start_timeout_s)"),
+    ("unit_start_timeout_s", "TimeoutStartSec= of the rank unit (vllm_service_start_timeout_s)"),
     ("ready_wait_s", "the role's readiness wait (vllm_service_ready_timeout_s) and the guard's --ready-timeout"),
     ("guard_startup_grace_s", "the guard's --startup-grace (a younger head that is not ready is starting)"),
-    ("guard_run_timeout_s", "TimeoutStartSec= of twinspark-pair-guard.service (one run: restart and wait)"),
+    ("guard_run_timeout_s", "TimeoutStartSec= of the pair guard unit (one run: restart and wait)"),
     ("router_startup_wait_s", "the router's --worker-startup-timeout-secs (a pair's /health at router start)"),
 )
 
