@@ -91,7 +91,8 @@ def test_tokenize_through_the_router_reaches_the_pair_with_the_key_only_with_a_w
 def test_a_router_started_with_every_pair_down_exits_and_one_pair_up_is_enough():
     """vllm-router 0.1.17 waits at start for its --worker-urls to become healthy (--worker-startup-timeout-secs,
     the pairs' first-boot budget in roles/router; 3 s here) without listening, then exits 1, so systemd
-    (Restart=on-failure) starts it again. One healthy pair is enough for it to start and serve: a fleet with a pair down keeps its endpoint."""
+    (Restart=on-failure) starts it again. One healthy pair is enough for it to start and serve: a fleet with a pair
+    down keeps its endpoint."""
     import time
 
     with routerdrill.Drill(PYTHON, delay_s=0.02, extra_flags=["--worker-startup-timeout-secs", "3"]) as drill:

@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from twinspark import api as head_api
 from twinspark import layout, systemd
+from twinspark.fabric import links
 from twinspark.fabric.links import LinkState
 
 UNIT = layout.current().unit_vllm  # the rank's unit on this node (layout.yml, overlaid by the node file)
@@ -486,9 +487,7 @@ FABRIC_PROBE_PORT = 22
 
 def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
     """This node's fabric interfaces: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME)."""
-    from twinspark.health.gather import socket_ifnames
-
-    return socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
+    return links.fabric_ifnames(env)
 
 
 def fabric_peer(env: Mapping[str, str]) -> str | None:

@@ -8,6 +8,7 @@ so a failed run says which end of which cable to look at.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MISSING = "missing"
@@ -37,6 +38,19 @@ class LinkState:
         if "UP" not in self.flags or "NO-CARRIER" in self.flags:
             return False
         return self.operstate == "UP" or (self.operstate == "UNKNOWN" and "LOWER_UP" in self.flags)
+
+
+def socket_ifnames(value: str) -> list[str]:
+    """Interface names from an NCCL/GLOO socket ifname list (`^` exclusions and `=` exact markers dropped)."""
+    if value.startswith("^"):
+        return []
+    return [token.lstrip("=") for token in value.split(",") if token.strip("= ")]
+
+
+def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
+    """A node's fabric interfaces from its env file: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else
+    GLOO_SOCKET_IFNAME)."""
+    return socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
 
 
 def parse_link(name: str, stdout: str, rc: int) -> LinkState:

@@ -174,23 +174,16 @@ def gpu_facts(query: Mapping[str, object]) -> dict[str, object]:
     return {"status": "ok", "gpus": query.get("gpus") or []}
 
 
-def socket_ifnames(value: str) -> list[str]:
-    """Interface names from an NCCL/GLOO socket ifname list (`^` exclusions and `=` exact markers dropped)."""
-    if value.startswith("^"):
-        return []
-    return [token.lstrip("=") for token in value.split(",") if token.strip("= ")]
-
-
 def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
                 sysfs_root: Path = Path("/sys/class/infiniband"),
                 read_link: Callable[[str], object] | None = None) -> dict[str, object]:
     """Each socket interface's state from sysfs and getifaddrs(3) (`fabric.sysfs.read_link`: the shape `ip -j addr`
     gives, readable inside the health timer's and the guard's sandboxes, where `ip` itself is refused), and on gb10
     whether a RoCE v2 GID index resolves for NCCL_IB_HCA. `unknown` says the interfaces could not be looked at."""
-    from twinspark.fabric import sysfs
+    from twinspark.fabric import links, sysfs
 
     reader = read_link or sysfs.read_link
-    names = socket_ifnames(env.get("NCCL_SOCKET_IFNAME", "") or env.get("GLOO_SOCKET_IFNAME", ""))
+    names = links.fabric_ifnames(env)
     interfaces = []
     for name in names:
         try:
