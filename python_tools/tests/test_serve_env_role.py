@@ -135,11 +135,14 @@ def test_validate_playbook_passes_on_the_sim_inventory_and_names_a_bad_variable(
 def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     etc, state = tmp_path / "etc", tmp_path / "state"
     state.mkdir()
+    state.chmod(0o755)  # the restart marker's directory, left too open: the role makes it root-only again
     args = ["-i", "inventory/sim", "playbooks/serve_env.yml", "-l", "node2", "-e", "ansible_connection=local",
             "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
             *layout_args(etc, state)]
     first = playbook(*args, check=True)
-    assert "changed=5" in first.stdout.replace(" ", "")  # directory, layout file, two env files, restart marker
+    # directory, layout file, the marker's directory's mode, two env files, restart marker
+    assert "changed=6" in first.stdout.replace(" ", "")
+    assert state.stat().st_mode & 0o777 == 0o700
     node_layout = json.loads((etc / "layout.json").read_text())
     assert node_layout["venv"] == str(TWINSPARK.parent.parent)
     assert node_layout["restart_flag"] == f"{state}/restart-pending"
