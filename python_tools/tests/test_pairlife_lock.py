@@ -104,6 +104,7 @@ def head(tmp_path: Path, monkeypatch):
         "failed", "active"))
     monkeypatch.setattr(pg, "ordered_restart", lambda pair, *a, **k: (looked.append("restart") or (True, "ok")))
     monkeypatch.setattr(pg, "preflight", lambda pair, steps: "")  # no real worker here (tests/test_pair_safety.py)
+    monkeypatch.setattr(pg, "restart_blocker", lambda pair: None)  # no guard key here (test_pairguard_unfixable.py)
     args = ["--env", str(env), "--worker", "127.0.0.1", "--state-file", str(tmp_path / "state.json"),
             "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused")]
     return args, looked, str(tmp_path / "pair.lock")

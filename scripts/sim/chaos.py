@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""A seeded chaos campaign on the simulated pair: random faults from a catalogue while a client loop sends requests.
+
+    chaos.py --seed N --rounds K [--faults NAME,...] [--max-fabric-s S] [--limit-s S]
+
+Each round draws one fault (and its duration) from the seed, injects it inside the nodes (scripts/sim/nx, no SSH),
+and waits, bounded by --limit-s, until the pair serves again with no operator: a chat through the head's API on the
+management network (key read on the head, never printed). A fault that only `site.yml` can heal (a drifted managed
+path) runs site.yml once, which must restore the path exactly, and once more, which must change nothing. Meanwhile a
+client thread sends one short completion a second, so failed requests are counted per fault.
+
+The guard's history is reset before each fault (`twinspark pair reset`): each fault is judged as if it came alone,
+not as the tenth restart within an hour (the guard's backoff would then, rightly, wait minutes between restarts).
+
+Prints one line per fault as it ends and then the table: fault, detection (the guard's first line about it), recovery
+(seconds from the end of the fault until serving), restarts spent (the guard's ordered restarts), failed requests.
+Exit 0 when every fault healed, 1 otherwise, 2 on bad arguments. The same seed draws the same faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM = ROOT / "scripts" / "sim"
+sys.path.insert(0, str(ROOT / "python_tools"))
+
+from twinspark import api, netguard  # noqa: E402
+
+HEAD, WORKER = "node1", "node2"
+HEAD_URL = os.environ.get("TWINSPARK_DEMO_URL", "http://10.78.0.1:8888")
+UNIT = "twinspark-vllm.service"
+GUARD = "twinspark-pair-guard.service"
+FABRIC_IF = "ic0"
+TWINSPARK = "/opt/twinspark/venv/bin/twinspark"
+
+# Managed paths a drift fault picks from: (node, path, how it is drifted). site.yml must put each back exactly.
+DRIFTS = (
+    (HEAD, "/etc/twinspark/pair-guard/id_ed25519", "chmod 0644"),
+    (HEAD, "/etc/twinspark/secrets.env", "chmod 0644"),
+    (WORKER, "/etc/twinspark/serve.env", "chown root:root"),
+    (HEAD, "/var/lib/twinspark-control", "chmod 0755"),
+    (WORKER, "/etc/systemd/system/twinspark-vllm.service", "chmod 0600"),
+    (HEAD, "/var/lib/twinspark/metrics", "chown root:root"),
+)
+
+
+def nx(node: str, *argv: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SIM / "nx"), node, *argv], capture_output=True, text=True, timeout=timeout,
+                          check=check)
+
+
+def unit_prop(node: str, unit: str, prop: str) -> str:
+    return nx(node, "systemctl", "show", "-p", prop, "--value", unit, timeout=20).stdout.strip()
+
+
+def head_key() -> str:
+    text = nx(HEAD, "cat", "/etc/twinspark/secrets.env", timeout=10).stdout
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() in ("VLLM_API_KEY", "DSPARK_API_KEYS") and value.strip():
+            return value.strip().strip("'\"").split()[0]
+    return ""
+
+
+@dataclass
+class Client:
+    """One short completion a second through the head's API; every outcome kept with its time."""
+
+    key: str
+    outcomes: list[tuple[float, bool]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        http = api.session()
+        headers = api.auth_headers(self.key or None)
+        while not self.stop.is_set():
+            started = time.time()
+            ok = False
+            try:
+                reply = http.post(f"{HEAD_URL}/v1/completions", headers=headers, timeout=20,
+                                  json={"model": "tiny", "prompt": "chaos", "max_tokens": 2})
+                ok = reply.status_code == 200
+            except Exception:  # noqa: BLE001 - any failure is a failed request
+                ok = False
+            self.outcomes.append((started, ok))
+            self.stop.wait(max(0.0, 1.0 - (time.time() - started)))
+
+    def failed_between(self, since: float, until: float) -> int:
+        return sum(1 for at, ok in list(self.outcomes) if since <= at <= until and not ok)
+
+    def serving_since(self, since: float, needed: int = 3) -> float | None:
+        """The time of the first of `needed` answers in a row after `since`."""
+        run: list[float] = []
+        for at, ok in list(self.outcomes):
+            if at < since:
+                continue
+            run = [*run, at] if ok else []
+            if len(run) >= needed:
+                return run[0]
+        return None
+
+
+def guard_lines(since: float) -> list[tuple[float, str]]:
+    out = nx(HEAD, "journalctl", "-u", GUARD, "-o", "json", "--since", f"@{int(since)}", "--no-pager",
+             timeout=30).stdout
+    lines = []
+    for raw in out.splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        message = entry.get("MESSAGE")
+        if isinstance(message, str) and entry.get("_COMM") != "systemd":
+            lines.append((int(entry.get("__REALTIME_TIMESTAMP", "0")) / 1e6, message))
+    return lines
+
+
+QUIET = re.compile(r"^(pair guard run:|pair healthy:|dropped \d+ kick)")
+
+
+@dataclass
+class Result:
+    fault: str
+    detail: str
+    detected_s: float | None
+    recovered_s: float | None
+    restarts: int
+    failed: int
+    healed: bool
+    note: str = ""
+
+
+def wait_serving(client: Client, since: float, limit_s: float) -> float | None:
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        at = client.serving_since(since)
+        if at is not None:
+            return at
+        time.sleep(2)
+    return None
+
+
+def main_pid(node: str) -> str:
+    return unit_prop(node, UNIT, "MainPID")
+
+
+def fault_kill(node: str) -> Callable[[random.Random], tuple[str, float]]:
+    def inject(rng: random.Random) -> tuple[str, float]:
+        pid = main_pid(node)
+        nx(node, "kill", "-KILL", pid)
+        return f"SIGKILL {node}'s vLLM (pid {pid})", time.time()
+    return inject
+
+
+def fault_freeze(rng: random.Random) -> tuple[str, float]:
+    seconds = rng.randint(10, 60)
+    cgroup = nx(WORKER, "systemctl", "show", "-p", "ControlGroup", "--value", UNIT).stdout.strip()
+    pids = nx(WORKER, "cat", f"/sys/fs/cgroup{cgroup}/cgroup.procs").stdout.split()
+    nx(WORKER, "kill", "-STOP", *pids)
+    time.sleep(seconds)
+    nx(WORKER, "kill", "-CONT", *pids)
+    return f"worker frozen (SIGSTOP, {len(pids)} processes) for {seconds} s", time.time()
+
+
+def fault_fabric(max_s: int) -> Callable[[random.Random], tuple[str, float]]:
+    def inject(rng: random.Random) -> tuple[str, float]:
+        seconds = rng.randint(5, max_s)
+        nx(WORKER, "ip", "link", "set", FABRIC_IF, "down", check=True)
+        try:
+            time.sleep(seconds)
+        finally:
+            nx(WORKER, "ip", "link", "set", FABRIC_IF, "up", check=True)
+        return f"fabric ({FABRIC_IF} on {WORKER}) down for {seconds} s", time.time()
+    return inject
+
+
+def fault_firewall(rng: random.Random) -> tuple[str, float]:
+    nx(HEAD, "systemctl", "restart", "twinspark-firewall.service", timeout=120)
+    return "systemctl restart twinspark-firewall on the head (BindsTo= restarts the head's rank alone)", time.time()
+
+
+def fault_reboot(rng: random.Random) -> tuple[str, float]:
+    subprocess.run([str(SIM / "reboot-node"), WORKER, "180"], capture_output=True, text=True, timeout=240,
+                   check=False)
+    return f"{WORKER} rebooted", time.time()
+
+
+def fault_guard_killed(rng: random.Random) -> tuple[str, float]:
+    """Kill the worker's rank, then the guard in the middle of the ordered restart it starts."""
+    nx(WORKER, "kill", "-KILL", main_pid(WORKER))
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if any("restarting both ranks" in m for _, m in guard_lines(time.time() - 130)):
+            break
+        time.sleep(1)
+    time.sleep(rng.uniform(0.5, 4.0))
+    nx(HEAD, "systemctl", "kill", "-s", "KILL", GUARD)
+    return "worker SIGKILLed, then the guard SIGKILLed in the middle of its ordered restart", time.time()
+
+
+def site_yml() -> tuple[int, int]:
+    """One site.yml run under the pair's lock: (exit code, changed count of the recap)."""
+    out = subprocess.run(["flock", "-w", "600", "/var/tmp/twinspark-sim.lock", "timeout", "1500", "ansible-playbook",
+                          "-i", str(ROOT / "inventory" / "sim"), str(ROOT / "site.yml")],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    changed = sum(int(n) for n in re.findall(r"changed=(\d+)", out.stdout))
+    return out.returncode, changed
+
+
+def stat(node: str, path: str) -> str:
+    return nx(node, "stat", "-c", "%a %U %G", path).stdout.strip()
+
+
+def fault_drift(rng: random.Random) -> tuple[str, float]:
+    node, path, how = rng.choice(DRIFTS)
+    before = stat(node, path)
+    nx(node, *how.split(), path, check=True)
+    drifted = stat(node, path)
+    rc1, _ = site_yml()
+    after = stat(node, path)
+    rc2, changed2 = site_yml()
+    ok = rc1 == 0 and rc2 == 0 and after == before and changed2 == 0
+    FAULT_NOTES.append("" if ok else f"site.yml rc {rc1}/{rc2}, {path} {before} -> {drifted} -> {after}, "
+                                     f"second run changed={changed2}")
+    return f"{how} {path} on {node} ({before} -> {drifted}), healed by site.yml: {after}", time.time()
+
+
+FAULT_NOTES: list[str] = []
+
+
+def catalogue(max_fabric_s: int) -> dict[str, Callable[[random.Random], tuple[str, float]]]:
+    return {
+        "kill-head": fault_kill(HEAD),
+        "kill-worker": fault_kill(WORKER),
+        "freeze-worker": fault_freeze,
+        "fabric-down": fault_fabric(max_fabric_s),
+        "firewall-restart": fault_firewall,
+        "reboot-worker": fault_reboot,
+        "guard-killed-mid-restart": fault_guard_killed,
+        "drift-path": fault_drift,
+    }
+
+
+def run_fault(name: str, inject: Callable[[random.Random], tuple[str, float]], rng: random.Random, client: Client,
+              limit_s: float) -> Result:
+    nx(HEAD, TWINSPARK, "pair", "reset", timeout=30)
+    began = time.time()
+    FAULT_NOTES.clear()
+    detail, ended = inject(rng)
+    served_at = wait_serving(client, ended, limit_s)
+    lines = [(at, m) for at, m in guard_lines(began - 1) if not QUIET.match(m)]
+    detected = next((at - began for at, m in lines if at >= began), None)
+    restarts = sum(1 for _, m in lines if "restarting both ranks in order" in m)
+    note = "; ".join(n for n in FAULT_NOTES if n)
+    until = served_at if served_at is not None else time.time()
+    return Result(name, detail, detected, None if served_at is None else max(0.0, served_at - ended), restarts,
+                  client.failed_between(began, until), served_at is not None and not note, note)
+
+
+def table(results: list[Result]) -> str:
+    rows = [("#", "fault", "detection s", "recovery s", "restarts", "failed req", "healed")]
+    for i, r in enumerate(results, 1):
+        rows.append((str(i), r.fault, "-" if r.detected_s is None else f"{r.detected_s:.1f}",
+                     "-" if r.recovered_s is None else f"{r.recovered_s:.1f}", str(r.restarts), str(r.failed),
+                     "yes" if r.healed else f"NO {r.note}"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)) for row in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--faults", default="", help="comma-separated names to draw from (default: all)")
+    parser.add_argument("--max-fabric-s", type=int, default=180, help="longest fabric outage drawn (5..S s)")
+    parser.add_argument("--limit-s", type=float, default=900.0, help="bound on each fault's recovery")
+    args = parser.parse_args(argv)
+    faults = catalogue(max(5, args.max_fabric_s))
+    chosen = [f for f in args.faults.split(",") if f] or list(faults)
+    unknown = [f for f in chosen if f not in faults]
+    if unknown or args.rounds < 1:
+        parser.error(f"unknown fault(s) {', '.join(unknown)} (known: {', '.join(faults)})" if unknown
+                     else "--rounds must be at least 1")
+    try:
+        netguard.check([HEAD_URL])
+    except netguard.UnsafeRoute as error:
+        print(f"chaos: {error}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    client = Client(head_key())
+    thread = threading.Thread(target=client.run, daemon=True)
+    thread.start()
+    if wait_serving(client, time.time() - 1, 300) is None:
+        print("chaos: the pair does not serve before the first fault; run `make demo` first", file=sys.stderr)
+        return 1
+    results: list[Result] = []
+    started = time.time()
+    try:
+        for round_no in range(1, args.rounds + 1):
+            name = rng.choice(chosen)
+            result = run_fault(name, faults[name], rng, client, args.limit_s)
+            results.append(result)
+            print(f"[{time.time() - started:7.0f} s] {round_no}/{args.rounds} {result.fault}: {result.detail}; "
+                  f"recovery {result.recovered_s if result.recovered_s is None else round(result.recovered_s, 1)} s, "
+                  f"restarts {result.restarts}, failed requests {result.failed}"
+                  + ("" if result.healed else f"; NOT HEALED {result.note}"), flush=True)
+            if not result.healed:
+                break
+    finally:
+        client.stop.set()
+        thread.join(timeout=30)
+    print(f"\nchaos campaign: seed {args.seed}, {len(results)} fault(s), {time.time() - started:.0f} s, "
+          f"{len(client.outcomes)} requests")
+    print(table(results))
+    return 0 if results and all(r.healed for r in results) and len(results) == args.rounds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
