@@ -212,9 +212,12 @@ def fault_guard_killed(rng: random.Random) -> tuple[str, float]:
 
 def site_yml() -> tuple[int, int]:
     """One site.yml run under the pair's lock: (exit code, changed count of the recap)."""
-    out = subprocess.run(["flock", "-w", "600", "/var/tmp/twinspark-sim.lock", "timeout", "1500", "ansible-playbook",
+    playbook = Path(sys.executable).parent / "ansible-playbook"  # the venv's, next to this interpreter
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "PATH": f"{playbook.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run(["flock", "-w", "600", "/var/tmp/twinspark-sim.lock", "timeout", "1500", str(playbook),
                           "-i", str(ROOT / "inventory" / "sim"), str(ROOT / "site.yml")],
-                         capture_output=True, text=True, cwd=ROOT, check=False)
+                         capture_output=True, text=True, cwd=ROOT, env=env, check=False)
     changed = sum(int(n) for n in re.findall(r"changed=(\d+)", out.stdout))
     return out.returncode, changed
 
@@ -258,7 +261,11 @@ def run_fault(name: str, inject: Callable[[random.Random], tuple[str, float]], r
     nx(HEAD, TWINSPARK, "pair", "reset", timeout=30)
     began = time.time()
     FAULT_NOTES.clear()
-    detail, ended = inject(rng)
+    try:
+        detail, ended = inject(rng)
+    except (OSError, subprocess.SubprocessError) as error:
+        FAULT_NOTES.append(f"the fault could not be injected: {error}")
+        detail, ended = f"{name} (not injected)", time.time()
     served_at = wait_serving(client, ended, limit_s)
     lines = [(at, m) for at, m in guard_lines(began - 1) if not QUIET.match(m)]
     detected = next((at - began for at, m in lines if at >= began), None)
