@@ -36,23 +36,25 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM = ROOT / "scripts" / "sim"
 sys.path.insert(0, str(ROOT / "python_tools"))
 
-from twinspark import api, netguard  # noqa: E402
+from twinspark import api, layout, netguard  # noqa: E402
 
 HEAD, WORKER = "node1", "node2"
 HEAD_URL = os.environ.get("TWINSPARK_DEMO_URL", "http://10.78.0.1:8888")
-UNIT = "twinspark-vllm.service"
-GUARD = "twinspark-pair-guard.service"
+LAYOUT = layout.current()  # the package's defaults on the controller: the simulated pair moves nothing
+UNIT = LAYOUT.unit_vllm
+GUARD = LAYOUT.unit_pair_guard
 FABRIC_IF = "ic0"
-TWINSPARK = "/opt/twinspark/venv/bin/twinspark"
+TWINSPARK = f"{LAYOUT.venv}/bin/twinspark"
+UNITS_DIR = "/etc/systemd/system"
 
 # Managed paths a drift fault picks from: (node, path, how it is drifted). site.yml must put each back exactly.
 DRIFTS = (
     (HEAD, "/etc/twinspark/pair-guard/id_ed25519", "chmod 0644"),
     (HEAD, "/etc/twinspark/secrets.env", "chmod 0644"),
     (WORKER, "/etc/twinspark/serve.env", "chown root:root"),
-    (HEAD, "/var/lib/twinspark-control", "chmod 0755"),
-    (WORKER, "/etc/systemd/system/twinspark-vllm.service", "chmod 0600"),
-    (HEAD, "/var/lib/twinspark/metrics", "chown root:root"),
+    (HEAD, LAYOUT.control_dir, "chmod 0755"),
+    (WORKER, f"{UNITS_DIR}/{UNIT}", "chmod 0600"),
+    (HEAD, f"{LAYOUT.state_dir}/metrics", "chown root:root"),
 )
 
 
@@ -187,8 +189,8 @@ def fault_fabric(max_s: int) -> Callable[[random.Random], tuple[str, float]]:
 
 
 def fault_firewall(rng: random.Random) -> tuple[str, float]:
-    nx(HEAD, "systemctl", "restart", "twinspark-firewall.service", timeout=120)
-    return "systemctl restart twinspark-firewall on the head (BindsTo= restarts the head's rank alone)", time.time()
+    nx(HEAD, "systemctl", "restart", LAYOUT.unit_firewall, timeout=120)
+    return f"systemctl restart {LAYOUT.unit_firewall} on the head (BindsTo= restarts its rank alone)", time.time()
 
 
 def fault_reboot(rng: random.Random) -> tuple[str, float]:
@@ -249,16 +251,16 @@ DRIFT_ALL = (
     (HEAD, "/etc/twinspark/secrets.env", "chmod 0644"),
     (HEAD, "/etc/twinspark/serve.env", "append"),
     (HEAD, "/etc/twinspark/firewall.nft", "append"),
-    (HEAD, "/etc/twinspark/layout.json", "chmod 0600"),
-    (HEAD, "/var/lib/twinspark-control", "chmod 0755"),
-    (HEAD, "/var/lib/twinspark/metrics", "chown root:root"),
-    (HEAD, "/etc/systemd/system/twinspark-pair-guard.timer", "append"),
-    (HEAD, "/etc/systemd/system/twinspark-health.service", "chmod 0600"),
+    (HEAD, LAYOUT.node_file, "chmod 0600"),
+    (HEAD, LAYOUT.control_dir, "chmod 0755"),
+    (HEAD, f"{LAYOUT.state_dir}/metrics", "chown root:root"),
+    (HEAD, f"{UNITS_DIR}/{LAYOUT.unit_pair_guard_timer}", "append"),
+    (HEAD, f"{UNITS_DIR}/{LAYOUT.unit_health}", "chmod 0600"),
     (WORKER, "/etc/twinspark/serve.env", "chown root:root"),
-    (WORKER, "/etc/systemd/system/twinspark-vllm.service", "chmod 0600"),
+    (WORKER, f"{UNITS_DIR}/{UNIT}", "chmod 0600"),
     (WORKER, "/usr/local/libexec/twinspark-peer-control", "append"),
     (WORKER, "/etc/netplan/40-twinspark-fabric.yaml", "chmod 0644"),
-    (WORKER, "/opt/twinspark/venv", "relink"),
+    (WORKER, LAYOUT.venv, "relink"),
 )
 
 
