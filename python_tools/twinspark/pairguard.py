@@ -293,22 +293,28 @@ def peer_problem(address: str, port: int, timeout_s: float) -> str | None:
     return connect_problem(address, port, error, timeout_s)
 
 
+def guard_key_problem(key: str | None) -> str | None:
+    """Why ssh would not use the guard's private key (missing, unreadable, a mode or owner it refuses), with the fix;
+    None when it would, or when there is no key to look at (a stand-in pair)."""
+    if not key:
+        return None
+    try:
+        info = os.stat(key)
+    except FileNotFoundError:
+        return f"the guard's SSH key {key} does not exist: ansible-playbook site.yml makes it"
+    except OSError as exc:
+        return f"the guard's SSH key {key} cannot be looked at ({exc.strerror or exc}): run the guard as root"
+    return pairlife.key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
+
+
 def restart_blocker(pair: Pair) -> str | None:
     """A cause no ordered restart can cure, found cheaply on the head, in one line with its fix; None when none.
 
     The guard's SSH key must be one ssh accepts (0600, owned by whoever runs ssh: ssh ignores any other), and the
     head's rank unit must find the executable it runs. A stand-in pair without a key or unit says nothing."""
-    key = getattr(pair, "ssh_key", None)
-    if key:
-        try:
-            info = os.stat(key)
-        except FileNotFoundError:
-            return f"the guard's SSH key {key} does not exist: ansible-playbook site.yml makes it"
-        except OSError as exc:
-            return f"the guard's SSH key {key} cannot be looked at ({exc.strerror or exc}): run the guard as root"
-        problem = pairlife.key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
-        if problem:
-            return problem
+    problem = guard_key_problem(getattr(pair, "ssh_key", None))
+    if problem:
+        return problem
     show = getattr(pair, "exec_start", None)
     path = exec_path(show()) if show is not None else None
     return runtime_problem(path, path is None or os.path.exists(path))
@@ -382,24 +388,15 @@ def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
                 "run ansible-playbook site.yml; nothing was stopped")
     if not any(rank == pairlife.WORKER for rank, _ in steps):
         return ""
-    key = getattr(pair, "ssh_key", None)
-    key_note = ""
-    if key:
-        try:
-            info = os.stat(key)
-        except OSError as exc:
-            key_note = f" (the guard's SSH key {key}: {exc.strerror or exc}; ansible-playbook site.yml makes it)"
-        else:
-            problem = pairlife.key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
-            if problem:
-                return problem + "; nothing was stopped"
+    problem = guard_key_problem(getattr(pair, "ssh_key", None))
+    if problem:
+        return problem + "; nothing was stopped"
     try:
         state = pair.worker("state")
     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
         return f"the worker's forced command does not answer `state` ({exc}); nothing was stopped"
     if state is None:
-        return (f"the worker does not answer over SSH at {', '.join(pair.worker_addresses)} with the guard's key"
-                f"{key_note}: "
+        return (f"the worker does not answer over SSH at {', '.join(pair.worker_addresses)} with the guard's key: "
                 "check that it is up and its sshd runs (ssh -i <key> <user>@<worker> state on the head says why); "
                 "nothing was stopped")
     return ""
