@@ -214,7 +214,7 @@ def test_unreachable_node_is_a_failed_check_naming_it():
 def test_node_checks_skip_the_gpu_on_the_cpu_profile():
     names = [r.check for r in checks.node_checks("n", {"gpu": None})]
     assert "gpu" not in names
-    assert names == ["unit", "process", "fabric", "env", "model", "disk", "earlyoom"]
+    assert names == ["unit", "process", "fabric", "env", "model", "disk", "earlyoom", "firewall"]
 
 
 SHARED = {"MAX_MODEL_LEN": "512", "SERVED_MODEL_NAME": "tiny", "VLLM_API_KEY": "sha256:aaaa"}

@@ -348,7 +348,7 @@ def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path, monkey
     assert facts["profile"] == "cpu" and facts["gpu"] is None and facts["rank"] == "0"
     statuses = {r.check: r.status for r in checks.node_checks("node1", facts)}
     assert statuses == {"unit": FAILED, "process": FAILED, "fabric": FAILED, "env": OK, "model": FAILED,
-                        "disk": OK, "earlyoom": OK, "knobs": OK}
+                        "disk": OK, "earlyoom": OK, "firewall": OK, "knobs": OK}
     assert facts["disk"] == {"path": str(tmp_path), "free_bytes": 200 * 2**30, "total_bytes": 1000 * 2**30}
     assert "first-key" not in json.dumps(facts, default=str)
 

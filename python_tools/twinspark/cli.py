@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("twinspark.envcli", "check env files, print defaults"),
     "settings": ("twinspark.envcli", "files generated from the knob registry"),
     "fabric": ("twinspark.fabric.commands", "the interconnect: GID index, port table, bandwidth benchmark"),
+    "firewall": ("twinspark.firewall", "watch the host firewall's nftables table; re-apply it when deleted"),
     "deploy": ("twinspark.frontdoor", "make both nodes match the inventory and serve (site.yml)"),
     "start": ("twinspark.frontdoor", "start the pair: worker first, then head (playbooks/start.yml)"),
     "stop": ("twinspark.frontdoor", "stop the pair: head, then worker (playbooks/stop.yml)"),

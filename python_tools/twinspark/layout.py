@@ -50,6 +50,10 @@ class Layout:
     state_dir: str
     control_dir: str
     restart_flag: str
+    pair_lock: str
+    guard_pause: str
+    guard_dir: str
+    guard_state: str
     node_file: str
     unit_vllm: str
     unit_pair_guard: str
@@ -58,6 +62,8 @@ class Layout:
     unit_health: str
     unit_health_timer: str
     unit_firewall: str
+    unit_firewall_watch: str
+    firewall_state: str
 
     @property
     def cli(self) -> str:

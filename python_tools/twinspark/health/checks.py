@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from twinspark import layout
+from twinspark import firewall, layout
 
 OK = "ok"
 DEGRADED = "degraded"
@@ -323,6 +323,31 @@ def check_earlyoom(node: str, earlyoom: Mapping[str, str]) -> CheckResult:
     return ok(node, "earlyoom", "earlyoom absent" if earlyoom.get("LoadState") != "loaded" else "earlyoom stopped")
 
 
+def check_firewall(node: str, facts: Mapping[str, object]) -> CheckResult:
+    """The host firewall's table is loaded, and its watcher is running and looking (twinspark.firewall)."""
+    lay = layout.current()
+    watcher = lay.unit_firewall_watch
+    fw_unit = facts.get("firewall_unit") or {}
+    watch_unit = facts.get("watch_unit") or {}
+    if fw_unit.get("LoadState") != "loaded":
+        return ok(node, "firewall", "no TwinSpark firewall on this node (vllm_service_firewall_enabled: false)")
+    if watch_unit.get("LoadState") != "loaded":
+        return degraded(node, "firewall", f"{watcher} is not installed: a deleted table would stay "
+                        "deleted", "ansible-playbook site.yml (role vllm_service installs it)")
+    if watch_unit.get("ActiveState") not in ("active", "activating", "reloading"):
+        state = watch_unit.get("ActiveState") or "not running"
+        return degraded(node, "firewall", f"{watcher} is {state}: a deleted table would stay deleted",
+                        f"systemctl start {watcher} (it also loads the table)")
+    code, line = firewall.judge(facts.get("state") or {}, float(facts.get("now") or 0))
+    if code == 2:
+        return degraded(node, "firewall", line, f"the watcher reloads it within seconds; if it cannot: journalctl -u "
+                        f"{watcher.removesuffix('.service')}, then systemctl restart "
+                        f"{lay.unit_firewall} (this restarts the rank: the guard then restarts the pair in order)")
+    if code == 1:
+        return unknown(node, "firewall", line, f"journalctl -u {watcher.removesuffix('.service')}")
+    return ok(node, "firewall", line)
+
+
 def check_knobs(node: str, runtime: Mapping[str, object]) -> CheckResult:
     """Every knob set in the env files is read by the installed runtime (fork-only knobs on a build without them
     tune nothing)."""
@@ -347,6 +372,7 @@ def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
         check_model(node, facts.get("model") or {}),
         check_disk(node, facts.get("disk") or {}),
         check_earlyoom(node, facts.get("earlyoom") or {}),
+        check_firewall(node, facts.get("firewall") or {}),
     ]
     if facts.get("runtime") is not None:
         results.append(check_knobs(node, facts["runtime"]))

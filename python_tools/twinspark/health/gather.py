@@ -14,10 +14,11 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from twinspark import layout, systemd
+from twinspark import firewall, layout, systemd
 
 SERVE_ENV = Path("/etc/twinspark/serve.env")
 SECRETS_ENV = Path("/etc/twinspark/secrets.env")
@@ -254,6 +255,18 @@ def read_disk(path: Path = STATE_DIR) -> dict[str, object]:
     return {"path": str(path), "free_bytes": usage.free, "total_bytes": usage.total}
 
 
+def read_firewall(run: Run = run_command, state_path: Path | None = None) -> dict[str, object]:
+    """The firewall's unit, its watcher's unit and the watcher's last verdict (twinspark.firewall), with the time it
+    was read: the check judges the verdict's age against it."""
+    lay = layout.current()
+    return {
+        "firewall_unit": read_unit(lay.unit_firewall, run),
+        "watch_unit": read_unit(lay.unit_firewall_watch, run),
+        "state": firewall.read_state(state_path or Path(lay.firewall_state)),
+        "now": time.time(),
+    }
+
+
 def read_runtime() -> dict[str, object]:
     """vLLM, torch, patch state and the twinspark package digest, as runtime.py reports them (metadata only:
     importing torch would take seconds)."""
@@ -325,6 +338,7 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         "model": read_model(env),
         "disk": read_disk(state_dir),
         "earlyoom": read_unit("earlyoom.service", run),
+        "firewall": read_firewall(run),
         "runtime": {**read_runtime(), "flavour": flavour_of(env), "unread_knobs": read_unread_knobs(env)},
     }
     if profile == "gb10":
