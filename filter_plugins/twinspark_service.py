@@ -1,4 +1,4 @@
-"""Ansible filters for the vllm_service role: thin adapters over twinspark.pairguard.
+"""Ansible filters for the vllm_service role: thin adapters over twinspark.api and twinspark.pair.lifecycle.
 
 How the head's API is reached (wildcard bind -> loopback, the first key) and what makes the pair need an ordered
 restart are decided in Python, once, for the playbooks and the pair guard alike.
@@ -14,7 +14,9 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import budget, pairguard
+from twinspark import api as head_api
+from twinspark import budget
+from twinspark.pair import lifecycle
 
 
 def twinspark_pair_api(env):
@@ -24,7 +26,7 @@ def twinspark_pair_api(env):
     `headers` carries the API key: tasks using it set no_log.
     """
     try:
-        api = pairguard.api_from_env({str(k): str(v) for k, v in dict(env).items() if v is not None})
+        api = head_api.api_from_env({str(k): str(v) for k, v in dict(env).items() if v is not None})
     except ValueError as error:
         raise AnsibleFilterError(str(error)) from None
     return {"url": api.url, "served_name": api.served_name, "max_model_len": api.max_model_len,
@@ -47,23 +49,9 @@ def twinspark_first_boot_retired(host_vars):
 
 
 def twinspark_pair_restart_reasons(probes, flag_path="restart-pending", unit="the rank's unit"):
-    """Why the pair needs an ordered restart, one line per reason; empty when it does not.
-
-    `probes` is the registered result of a loop over the nodes (`item` = host name) of twinspark_probe reading the
-    rank's unit (`unit`, twinspark_layout_unit_vllm) and the restart flag (`flag_path`). A node whose answer lacks
-    either counts as needing the restart, never as fine.
-    """
-    reasons = []
-    for result in probes.get("results", []):
-        state = ((result.get("units") or {}).get(unit) or {}).get("active") or "unknown"
-        if state != "active":
-            reasons.append(f"{result['item']}: {unit} is {state}")
-    for result in probes.get("results", []):
-        flag = (result.get("paths") or {}).get(flag_path)
-        if flag is None or flag.get("exists"):
-            reasons.append(f"{result['item']}: {flag_path} (what vLLM runs changed)"
-                           if flag is not None else f"{result['item']}: {flag_path} could not be read")
-    return reasons
+    """Why the pair needs an ordered restart, one line per reason; empty when it does not
+    (twinspark.pair.lifecycle.restart_reasons decides)."""
+    return lifecycle.restart_reasons(probes, flag_path, unit)
 
 
 class FilterModule:

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from test_health_gather import FakeVllmApi
 
-from twinspark import api, cli, pairguard, tls
+from twinspark import api, cli, tls
+from twinspark import guard_rules as rules
 from twinspark.health import checks
+from twinspark.pair import io as pair_io
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
 
@@ -66,12 +68,9 @@ def test_key_choice_is_the_first_key_and_stays_out_of_repr():
     assert "sekrit" not in repr(head)
 
 
-def test_the_old_names_are_the_same_rules():
-    from twinspark.health import gather
-
-    assert pairguard.api_from_env is api.api_from_env and pairguard.Api is api.Api
-    assert gather.api_url("::", 1) == api.base_url("::", 1) == "http://[::1]:1"
-    assert gather.api_url("0.0.0.0", 1, ca="/c") == "https://127.0.0.1:1"
+def test_the_url_reaches_a_wildcard_bind_on_loopback_and_says_https_with_tls():
+    assert api.base_url("::", 1) == "http://[::1]:1"
+    assert api.base_url("0.0.0.0", 1, tls=True) == "https://127.0.0.1:1"
 
 
 def test_the_one_token_probe_body():
@@ -165,12 +164,12 @@ def test_the_pair_guard_probes_over_https_from_the_env_files(https_api, tmp_path
     port = url.rsplit(":", 1)[1]
     env = {"VLLM_HOST": "127.0.0.1", "VLLM_PORT": port, "SERVED_MODEL_NAME": "tiny", "MAX_MODEL_LEN": "512",
            "VLLM_API_KEY": "sekrit", "TWINSPARK_VLLM_TLS_CERT": str(cert), "TWINSPARK_VLLM_TLS_KEY": "/unused"}
-    good = pairguard.Pair(api=pairguard.api_from_env(env), worker_addresses=[])
-    assert good.probe(5)[0] is pairguard.Probe.OK
+    good = pair_io.Pair(api=api.api_from_env(env), worker_addresses=[])
+    assert good.probe(5)[0] is rules.Probe.OK
     assert good.sample(5).counted
-    bad = pairguard.Pair(api=pairguard.api_from_env({**env, "TWINSPARK_VLLM_TLS_CA": str(other)}), worker_addresses=[])
+    bad = pair_io.Pair(api=api.api_from_env({**env, "TWINSPARK_VLLM_TLS_CA": str(other)}), worker_addresses=[])
     probe, detail = bad.probe(5)
-    assert probe is not pairguard.Probe.OK and "does not verify" in detail
+    assert probe is not rules.Probe.OK and "does not verify" in detail
 
 
 @needs_openssl

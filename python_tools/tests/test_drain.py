@@ -13,8 +13,11 @@ import pytest
 from test_pairlife_cycle import Head
 
 from twinspark import cli, drain
-from twinspark import pairguard as pg
-from twinspark.pairguard import Probe
+from twinspark import guard_rules as rules
+from twinspark.guard_rules import Probe
+from twinspark.pair import cli as pair_cli
+from twinspark.pair import guard
+from twinspark.pair import lifecycle as pl
 
 # --- rules (pure) ----------------------------------------------------------------------------------------------
 
@@ -191,14 +194,14 @@ class RoutedHead(Head):
         return (Probe.OK, "one token") if self.serves else (Probe.TIMEOUT, "no token")
 
     def observe(self, probe_timeout_s, policy=None, state=None):
-        return pg.Observation(self.states["head"], self.states["worker"], Probe.SKIPPED, "", 0.0, ())
+        return rules.Observation(self.states["head"], self.states["worker"], Probe.SKIPPED, "", 0.0, ())
 
 
 @pytest.fixture
 def routed(tmp_path: Path, monkeypatch):
     box: dict[str, object] = {"head": RoutedHead()}
-    monkeypatch.setattr(pg, "_pair_from_args", lambda args: box["head"])
-    monkeypatch.setattr(pg, "stop_guard_run", lambda timeout_s=150.0: "")
+    monkeypatch.setattr(pair_cli, "_pair_from_args", lambda args: box["head"])
+    monkeypatch.setattr(pl, "stop_guard_run", lambda timeout_s=150.0: "")
     box["state"] = tmp_path / "state.json"
     box["args"] = ["--env", str(tmp_path / "none.env"), "--worker", "127.0.0.1", "--state-file", str(box["state"]),
                    "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused"),
@@ -241,7 +244,7 @@ def test_a_serving_pair_that_start_leaves_alone_is_not_taken_out(routed):
 def test_rejoin_refuses_a_pair_the_guard_gave_up_on(routed, capsys):
     from twinspark.guard_rules import GuardState
 
-    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    guard.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
     assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
     assert routed["head"].calls == []
     assert "the pair guard gave up on it" in capsys.readouterr().err
@@ -265,9 +268,9 @@ def test_the_env_files_name_the_router_or_leave_it_out(tmp_path: Path):
         import argparse
 
         parser = argparse.ArgumentParser()
-        pg.register(parser.add_subparsers(dest="cmd"))
+        pair_cli.register(parser.add_subparsers(dest="cmd"))
         args = parser.parse_args(["pair", "check", "--env", str(env_file), *parser_args])
-        return pg._pair_from_args(args)
+        return pair_cli._pair_from_args(args)
 
     assert pair_of(plain).router is None
     ref = pair_of(routed_env).router.ref
@@ -291,18 +294,18 @@ def test_rejoin_says_so_when_the_router_does_not_take_the_pair(routed, capsys):
 def test_an_operators_restart_of_a_pair_the_guard_gave_up_on_puts_it_back_once_it_serves(routed):
     from twinspark.guard_rules import GuardState
 
-    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    guard.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
     assert cli.main(["pair", "restart", *routed["args"]]) == 0
     assert routed["head"].calls == ["router remove", "metrics", *STEPS, "router add"]
-    assert pg.load_state(Path(routed["state"])).gave_up_at is None
+    assert guard.load_state(Path(routed["state"])).gave_up_at is None
 
 
 def test_the_guard_never_restarts_nor_puts_back_a_pair_it_gave_up_on(routed, monkeypatch):
     from twinspark.guard_rules import GuardState
 
     routed["head"] = RoutedHead(head_state="failed", serves=False)
-    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
-    pg.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
+    monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    guard.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
     cli.main(["pair", "guard", *routed["args"]])
     # no restart and no add; only the look that keeps it out of a router restarted since it left
     assert routed["head"].calls == ["router list_workers", "router remove"]
@@ -337,7 +340,7 @@ def test_keep_out_removes_the_pair_only_when_the_router_lists_it(listing, remova
 
 def test_a_guard_restart_that_does_not_serve_takes_the_pair_out_and_leaves_it_out(routed, monkeypatch):
     routed["head"] = RoutedHead(head_state="failed", serves=False)
-    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
     cli.main(["pair", "guard", *routed["args"]])
     assert routed["head"].calls == ["router remove", "metrics", *STEPS]
 
@@ -356,7 +359,7 @@ def test_the_guard_does_not_wait_for_requests_on_a_pair_it_judged_broken(routed,
     head = RoutedHead(head_state="failed")
     head.metrics = lambda timeout_s=10.0: head.calls.append("metrics") or {"running": 3.0, "waiting": 0.0}
     routed["head"] = head
-    monkeypatch.setattr(pg.pairlife.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
     cli.main(["pair", "guard", *routed["args"]])
     # one reading only: a wait would read again (and again) until --drain-timeout
     assert head.calls == ["router remove", "metrics", *STEPS, "router add"]

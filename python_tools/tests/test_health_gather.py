@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from twinspark import api as head_api
 from twinspark.health import checks, gather
 from twinspark.health.checks import FAILED, OK
 
@@ -205,7 +206,7 @@ def test_model_given_as_a_local_directory(tmp_path):
 
 
 def test_metrics_from_vllm_are_summarised():
-    metrics = gather.parse_vllm_metrics(METRICS.read_text())
+    metrics = head_api.parse_metrics(METRICS.read_text())
     assert metrics["running"] == 0 and metrics["waiting"] == 0
     assert 0 <= metrics["kv_cache_usage"] <= 1
     assert metrics["spec_acceptance"] is None
@@ -213,13 +214,13 @@ def test_metrics_from_vllm_are_summarised():
 
 
 def test_spec_decode_acceptance_is_accepted_over_drafted_tokens():
-    metrics = gather.parse_vllm_metrics((FIXTURES / "handshaped_vllm_spec_decode_metrics.txt").read_text())
+    metrics = head_api.parse_metrics((FIXTURES / "handshaped_vllm_spec_decode_metrics.txt").read_text())
     assert metrics["spec_acceptance"] == pytest.approx(0.75)
     assert (metrics["running"], metrics["waiting"], metrics["kv_cache_usage"]) == (2, 1, 0.125)
 
 
 def test_metrics_that_are_not_vllms():
-    metrics = gather.parse_vllm_metrics("# TYPE up gauge\nup 1\n")
+    metrics = head_api.parse_metrics("# TYPE up gauge\nup 1\n")
     assert "no vllm:num_requests_*" in metrics["error"]
 
 
@@ -229,13 +230,13 @@ def test_metrics_that_are_not_vllms():
      ("10.78.0.1", "08080", "http://10.78.0.1:8080"), ("fd00::5", 1, "http://[fd00::5]:1")],
 )
 def test_probe_url(host, port, url):
-    assert gather.api_url(host, port) == url
+    assert head_api.base_url(host, port) == url
 
 
 def test_the_probe_key_is_the_first_of_the_keys():
-    assert gather.first_api_key({"DSPARK_API_KEYS": "  k1\tk2 k1"}) == "k1"
-    assert gather.first_api_key({"VLLM_API_KEY": "solo"}) == "solo"
-    assert gather.first_api_key({"VLLM_API_KEY": " \t "}) is None
+    assert head_api.first_key({"DSPARK_API_KEYS": "  k1\tk2 k1"}) == "k1"
+    assert head_api.first_key({"VLLM_API_KEY": "solo"}) == "solo"
+    assert head_api.first_key({"VLLM_API_KEY": " \t "}) is None
 
 
 class FakeVllmApi(BaseHTTPRequestHandler):
@@ -297,14 +298,14 @@ def api():
 
 
 def test_a_healthy_api_passes_every_pair_check_and_the_key_travels_as_bearer(api):
-    pair = gather.gather_pair(api, "tiny", "sekrit", timeout=5)
+    pair = head_api.gather(api, "tiny", "sekrit", timeout=5)
     results = checks.pair_checks(api, pair, "tiny", 512, 5)
     assert [r.status for r in results] == [OK] * 4, results
     assert "Bearer sekrit" in FakeVllmApi.seen_auth
 
 
 def test_a_wrong_key_fails_models_and_liveness_but_not_health(api):
-    pair = gather.gather_pair(api, "tiny", "wrong", timeout=5)
+    pair = head_api.gather(api, "tiny", "wrong", timeout=5)
     by_check = {r.check: r for r in checks.pair_checks(api, pair, "tiny", 512, 5)}
     assert by_check["api-health"].status == OK
     assert by_check["models"].status == FAILED and "401" in by_check["models"].message
@@ -314,14 +315,14 @@ def test_a_wrong_key_fails_models_and_liveness_but_not_health(api):
 
 def test_health_200_with_a_dead_engine_is_caught_by_liveness(api):
     FakeVllmApi.generate_status = 500
-    pair = gather.gather_pair(api, "tiny", "sekrit", timeout=5)
+    pair = head_api.gather(api, "tiny", "sekrit", timeout=5)
     by_check = {r.check: r for r in checks.pair_checks(api, pair, "tiny", 512, 5)}
     assert by_check["api-health"].status == OK
     assert by_check["liveness"].status == FAILED and "HTTP 500" in by_check["liveness"].message
 
 
 def test_unknown_served_name_uses_what_the_server_lists(api):
-    pair = gather.gather_pair(api, None, "sekrit", timeout=5)
+    pair = head_api.gather(api, None, "sekrit", timeout=5)
     assert pair["generate"]["tokens"] == 1
 
 
@@ -330,7 +331,7 @@ def test_nothing_listening_fails_every_pair_check_without_raising():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    pair = gather.gather_pair(url, "tiny", None, timeout=2)
+    pair = head_api.gather(url, "tiny", None, timeout=2)
     results = checks.pair_checks(url, pair, "tiny", 512, 2)
     assert [r.status for r in results[:3]] == [FAILED] * 3
     assert "refused" in results[0].message.lower()

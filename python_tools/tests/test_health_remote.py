@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from twinspark import inventory
 from twinspark.health import command, remote
 
 INVENTORY = """\
@@ -44,7 +45,7 @@ def write(tmp_path, text: str):
 
 
 def test_head_worker_ssh_settings_and_api_url_come_from_the_inventory(tmp_path):
-    pair = remote.read_inventory(write(tmp_path, INVENTORY))
+    pair = inventory.read_inventory(write(tmp_path, INVENTORY))
     assert (pair.head.name, pair.head.role, pair.head.host) == ("node1", "head", "10.78.0.1")
     assert (pair.worker.name, pair.worker.host) == ("node2", "10.78.0.2"), "templated values are rendered"
     assert pair.worker.user == "root" and pair.worker.port == 22
@@ -57,28 +58,28 @@ def test_tls_in_the_inventory_makes_the_controller_dial_https_and_verify_against
     tls = INVENTORY.replace("twinspark_vllm_port: 8899\n", "twinspark_vllm_port: 8899\n"
                             "        twinspark_vllm_tls_cert: \"{{ inventory_dir }}/tls/server.crt\"\n"
                             "        twinspark_vllm_tls_key: /inv/server.key\n")
-    pair = remote.read_inventory(write(tmp_path, tls))
+    pair = inventory.read_inventory(write(tmp_path, tls))
     assert (pair.api_url, pair.api_ca) == ("https://10.78.0.1:8899", f"{tmp_path}/tls/server.crt")
     with_ca = tls.replace("twinspark_vllm_tls_key: /inv/server.key", "twinspark_vllm_tls_key: /inv/server.key\n"
                           "        twinspark_vllm_tls_ca: /inv/ca.crt")
-    assert remote.read_inventory(write(tmp_path, with_ca)).api_ca == "/inv/ca.crt"
-    assert remote.read_inventory(write(tmp_path, INVENTORY)).api_ca is None
+    assert inventory.read_inventory(write(tmp_path, with_ca)).api_ca == "/inv/ca.crt"
+    assert inventory.read_inventory(write(tmp_path, INVENTORY)).api_ca is None
 
 
 def test_unknown_host_keys_are_refused_unless_the_inventory_says_otherwise(tmp_path):
     text = INVENTORY.replace("ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
                              "ansible_ssh_common_args: -o ServerAliveInterval=15")
-    pair = remote.read_inventory(write(tmp_path, text.replace("twinspark_vllm_port: 8899\n", "")))
+    pair = inventory.read_inventory(write(tmp_path, text.replace("twinspark_vllm_port: 8899\n", "")))
     assert not pair.head.accept_unknown_host_key
     assert pair.api_url == "http://10.78.0.1:8888", "the default API port"
     explicit = text.replace("ansible_user: root", "ansible_user: root\n        ansible_host_key_checking: false")
-    assert remote.read_inventory(write(tmp_path, explicit)).worker.accept_unknown_host_key
+    assert inventory.read_inventory(write(tmp_path, explicit)).worker.accept_unknown_host_key
 
 
 def test_an_inventory_without_a_worker_is_refused_naming_the_group(tmp_path):
     text = INVENTORY.replace("twinspark_worker:", "other_group:")
-    with pytest.raises(remote.InventoryError, match="twinspark_worker: must hold exactly one host"):
-        remote.read_inventory(write(tmp_path, text))
+    with pytest.raises(inventory.InventoryError, match="twinspark_worker: must hold exactly one host"):
+        inventory.read_inventory(write(tmp_path, text))
 
 
 def test_the_cli_reports_a_bad_inventory_with_exit_2(tmp_path, capsys):
@@ -97,13 +98,13 @@ def report_of(node: str, unit_status: str, settings: dict) -> dict:
 
 
 def test_the_merged_report_names_an_unreachable_worker_and_a_differing_setting(tmp_path, monkeypatch):
-    pair = remote.read_inventory(write(tmp_path, INVENTORY))
+    pair = inventory.read_inventory(write(tmp_path, INVENTORY))
     shared = {"MAX_MODEL_LEN": "512", "SERVED_MODEL_NAME": "tiny"}
     outcome = remote.SweepResult(
         reports={"node1": report_of("node1", "ok", shared)},
         errors={"node2": "cannot reach root@10.78.0.2:22 over SSH: timed out"},
         head_env=dict(shared), pair={"generate": {"status_code": 500}})
-    monkeypatch.setattr(remote, "read_inventory", lambda source: pair)
+    monkeypatch.setattr(command, "read_inventory", lambda source: pair)
     monkeypatch.setattr(remote, "sweep", lambda *a, **k: outcome)
     # The sweep is a stand-in that dials nothing: the route rule (tested in test_netguard.py) is not under test.
     monkeypatch.setattr(command.netguard, "check", lambda targets: [])
@@ -144,9 +145,10 @@ def closing_port():
 def test_a_node_whose_ssh_does_not_answer_is_one_line_naming_it_with_no_traceback(closing_port):
     # A process of its own: pytest's log capture would hide what paramiko prints to a user's terminal.
     script = textwrap.dedent(f"""
+        from twinspark import inventory
         from twinspark.health import remote
-        node = lambda name, role: remote.Node(name, role, "127.0.0.1", {closing_port}, "root", None, True)
-        pair = remote.Pair(head=node("node1", "head"), worker=node("node2", "worker"), api_url="http://127.0.0.1:9")
+        node = lambda name, role: inventory.Node(name, role, "127.0.0.1", {closing_port}, "root", None, True)
+        pair = inventory.Pair(head=node("node1", "head"), worker=node("node2", "worker"), api_url="http://127.0.0.1:9")
         outcome = remote.sweep(pair, timeout=2)
         print(sorted(outcome.errors))
         print(outcome.errors["node2"])

@@ -114,8 +114,9 @@ def client(pid: int, directory: Path, body: str) -> subprocess.CompletedProcess:
     """Run Python `body` inside sshd's network namespace with HOME holding the test's known_hosts."""
     prologue = textwrap.dedent(f"""
         import json
+        from twinspark import inventory
         from twinspark.health import remote
-        node = remote.Node("node1", "head", "127.0.0.1", {PORT}, "root", {str(directory / "client_key")!r}, False)
+        node = inventory.Node("node1", "head", "127.0.0.1", {PORT}, "root", {str(directory / "client_key")!r}, False)
     """)
     env = {**os.environ, "HOME": str(directory / "home")}
     return subprocess.run(["nsenter", f"--target={pid}", "--net", "--", sys.executable, "-c",
@@ -126,7 +127,7 @@ def client(pid: int, directory: Path, body: str) -> subprocess.CompletedProcess:
 def test_a_command_runs_over_ssh_and_its_output_and_status_come_back(sshd_in_netns):
     pid, directory = sshd_in_netns
     done = client(pid, directory, """
-        with remote.Connection(node, timeout=10) as connection:
+        with inventory.Connection(node, timeout=10) as connection:
             first = connection.start("sleep 0.5; echo first; echo oops >&2; exit 3", 20)
             second = connection.start("echo second; ip -o link show | wc -l", 20)
             print(json.dumps({"second": second(), "first": first()}))
@@ -149,7 +150,7 @@ def test_the_agent_report_comes_back_as_json_over_ssh(sshd_in_netns):
     done = client(pid, directory, f"""
         import dataclasses
         node = dataclasses.replace(node, twinspark={str(agent)!r})  # the inventory's twinspark_layout_venv
-        with remote.Connection(node, timeout=10) as connection:
+        with inventory.Connection(node, timeout=10) as connection:
             print(json.dumps(remote.start_agent(connection, 5)()))
     """)
     assert done.returncode == 0, done.stderr
@@ -167,9 +168,9 @@ def test_a_host_key_that_is_not_the_known_one_is_refused(sshd_in_netns):
     started = time.monotonic()
     done = client(pid, directory, """
         try:
-            remote.Connection(node, timeout=10)
+            inventory.Connection(node, timeout=10)
         except Exception as error:
-            print(remote.describe_ssh_error(node, error))
+            print(inventory.describe_ssh_error(node, error))
         else:
             print("connected")
     """)

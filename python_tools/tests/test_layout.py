@@ -76,7 +76,8 @@ def _places(literal: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["restart_flag", "venv", "unit_vllm"])
+@pytest.mark.parametrize("name", ["restart_flag", "venv", "unit_vllm", "pair_lock", "guard_pause", "guard_dir",
+                                  "guard_state"])
 def test_each_default_is_written_in_one_place_per_side(name):
     assert _places(DEFAULTS[name]) == DEFINING, (
         f"{DEFAULTS[name]} is spelled outside the layout; use twinspark_layout_{name} (YAML) or "
@@ -134,10 +135,12 @@ def _tools_on_a_node(tmp_path: Path, values: dict[str, str]) -> dict[str, str]:
     node_file.write_text(json.dumps(values))
     code = (
         "import json\n"
-        "from twinspark import envcli, pairguard, pairlife, runtimes\n"
+        "from twinspark import envcli, guard_rules, runtimes\n"
         "from twinspark.health import checks, gather\n"
-        "print(json.dumps({'pairguard': pairguard.UNIT, 'checks': checks.UNIT, 'gather': gather.UNIT,\n"
-        "  'journal': checks.JOURNAL_HINT, 'guard': pairlife.GUARD_SERVICE, 'lock': pairlife.DEFAULT_LOCK_FILE,\n"
+        "from twinspark.pair import guard, lifecycle\n"
+        "print(json.dumps({'guard_rules': guard_rules.UNIT, 'checks': checks.UNIT, 'gather': gather.UNIT,\n"
+        "  'journal': checks.JOURNAL_HINT, 'guard': lifecycle.GUARD_SERVICE, 'lock': lifecycle.DEFAULT_LOCK_FILE,\n"
+        "  'pause': lifecycle.DEFAULT_PAUSE_FILE, 'state': guard.DEFAULT_STATE_FILE,\n"
         "  'runtimes': runtimes.DEFAULT_ROOT}))\n"
     )
     env = {**os.environ, layout.LAYOUT_FILE_ENV: str(node_file)}
@@ -165,9 +168,9 @@ def _render(tmp_path: Path, overrides: dict[str, str]) -> dict[str, str]:
 
 
 def _controller_cli(tmp_path: Path, overrides: dict[str, str]) -> str:
-    from twinspark.health import remote
+    from twinspark import inventory
 
-    return remote.read_inventory(_inventory_copy(tmp_path / "controller", overrides)).head.twinspark
+    return inventory.read_inventory(_inventory_copy(tmp_path / "controller", overrides)).head.twinspark
 
 
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
@@ -196,7 +199,7 @@ def test_overriding_the_rank_unit_once_moves_roles_playbooks_and_tools(tmp_path)
         code = "\n".join(_code_lines(Path(name), text))
         assert DEFAULTS["unit_vllm"] not in code, f"{name} still names {DEFAULTS['unit_vllm']}"
     tools = _tools_on_a_node(tmp_path, {"unit_vllm": OVERRIDE_UNIT})
-    assert (tools["pairguard"], tools["checks"], tools["gather"]) == (OVERRIDE_UNIT,) * 3
+    assert (tools["guard_rules"], tools["checks"], tools["gather"]) == (OVERRIDE_UNIT,) * 3
     assert tools["journal"] == "journalctl -u other-rank -n 120"
 
 
@@ -230,8 +233,10 @@ def test_overriding_the_restart_flag_once_moves_the_handler_the_check_and_tools(
     facts = yaml.safe_load((ROOT / "roles" / "vllm_service" / "tasks" / "_pair_facts.yml").read_text())
     assert any(task.get("twinspark_probe", {}).get("paths") == ["{{ twinspark_layout_restart_flag }}"]
                for task in facts)
-    tools = _tools_on_a_node(tmp_path, {"control_dir": str(control), "restart_flag": str(flag)})
-    assert tools["lock"] == f"{control}/pair.lock"
+    lock, pause, state = control / "lock", control / "paused", tmp_path / "guard" / "state.json"
+    tools = _tools_on_a_node(tmp_path, {"control_dir": str(control), "restart_flag": str(flag), "pair_lock": str(lock),
+                                        "guard_pause": str(pause), "guard_state": str(state)})
+    assert (tools["lock"], tools["pause"], tools["state"]) == (str(lock), str(pause), str(state))
 
 
 def _write(tmp_path: Path, values: dict[str, str]) -> Path:

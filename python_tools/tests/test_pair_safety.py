@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from twinspark import pairguard as pg
-from twinspark import pairlife
-from twinspark.pairguard import GuardState, Policy
+from twinspark.guard_rules import GuardState, Policy
+from twinspark.pair import cli as pair_cli
+from twinspark.pair import guard
+from twinspark.pair import io as pair_io
+from twinspark.pair import lifecycle as pl
 
 POLICY = Policy(max_attempts=3)
 
@@ -60,31 +62,31 @@ def key_file(tmp_path, mode):
 
 def test_a_key_others_can_read_stops_the_restart_before_anything_is_touched(tmp_path):
     pair = StepPair(ssh_key=key_file(tmp_path, 0o644))
-    problem = pg.preflight(pair, pairlife.RESTART_STEPS)
+    problem = pl.preflight(pair, pl.RESTART_STEPS)
     assert "mode 0644" in problem and "chmod 600" in problem and "nothing was stopped" in problem
     assert pair.calls == []
 
 
 def test_an_unreachable_worker_stops_the_restart_before_anything_is_touched(tmp_path):
     pair = StepPair(ssh_key=key_file(tmp_path, 0o600), reachable=False)
-    problem = pg.preflight(pair, pairlife.RESTART_STEPS)
+    problem = pl.preflight(pair, pl.RESTART_STEPS)
     assert "10.78.0.2, 10.77.0.2" in problem and "nothing was stopped" in problem
     assert pair.calls == []
 
 
 def test_a_missing_head_unit_stops_the_restart(tmp_path):
-    problem = pg.preflight(StepPair(ssh_key=key_file(tmp_path, 0o600), load="not-found"), pairlife.RESTART_STEPS)
+    problem = pl.preflight(StepPair(ssh_key=key_file(tmp_path, 0o600), load="not-found"), pl.RESTART_STEPS)
     assert "LoadState=not-found" in problem
 
 
 def test_a_sound_pair_passes_the_preflight(tmp_path):
-    assert pg.preflight(StepPair(ssh_key=key_file(tmp_path, 0o600)), pairlife.RESTART_STEPS) == ""
+    assert pl.preflight(StepPair(ssh_key=key_file(tmp_path, 0o600)), pl.RESTART_STEPS) == ""
 
 
 def test_the_guard_spends_no_attempt_on_a_restart_its_preflight_refused(tmp_path, capsys):
     pair = StepPair(ssh_key=key_file(tmp_path, 0o640))
     args = type("Args", (), {"ready_timeout": 60, "probe_timeout": 10, "drain_timeout": 0})()
-    state, ok = pg._run_restart(pair, args, GuardState(), POLICY, "the worker's rank is failed")
+    state, ok = guard.run_restart(pair, args, GuardState(), POLICY, "the worker's rank is failed")
     assert not ok and state == GuardState() and pair.calls == []
     assert "mode 0640" in capsys.readouterr().err
 
@@ -94,7 +96,7 @@ def test_the_guard_spends_no_attempt_on_a_restart_its_preflight_refused(tmp_path
     (0o100600, 1000, "owned by uid 1000"),
 ])
 def test_key_problem_is_what_ssh_refuses(mode, owner, expected):
-    problem = pairlife.key_problem(mode, owner, 0, "/etc/twinspark/pair-guard/id_ed25519")
+    problem = pair_io.key_problem(mode, owner, 0, "/etc/twinspark/pair-guard/id_ed25519")
     assert (problem is None) if expected is None else (expected in problem)
 
 
@@ -106,22 +108,22 @@ def test_key_problem_is_what_ssh_refuses(mode, owner, expected):
     ((("head", "stop"),), (("head", "start"),)),
     ((("head", "stop"), ("worker", "stop")), (("worker", "start"), ("head", "start"))),
     ((("head", "stop"), ("worker", "stop"), ("worker", "start")), (("head", "start"),)),
-    (pairlife.RESTART_STEPS, ()),
+    (pl.RESTART_STEPS, ()),
 ])
 def test_put_back_starts_what_the_run_left_stopped_worker_first(done, expected):
-    assert pairlife.put_back(done) == expected
+    assert pl.put_back(done) == expected
 
 
 def test_a_stop_that_fails_midway_puts_nothing_back():
-    assert pairlife.put_back(((pairlife.HEAD, "stop"),), pairlife.STOP_STEPS) == ()
+    assert pl.put_back(((pl.HEAD, "stop"),), pl.STOP_STEPS) == ()
     pair = StepPair(reachable=False)
-    ok, outcome = pg.run_steps(pair, pairlife.STOP_STEPS)
+    ok, outcome = pl.run_steps(pair, pl.STOP_STEPS)
     assert not ok and pair.calls == ["head stop"] and "put back" not in outcome
 
 
 def test_a_worker_start_that_fails_midway_starts_both_again_in_order():
     pair = StepPair(fail={"worker start"})
-    ok, outcome = pg.run_steps(pair, pairlife.RESTART_STEPS)
+    ok, outcome = pl.run_steps(pair, pl.RESTART_STEPS)
     assert not ok
     # the forced command failed once; the put-back tries the worker again, then starts the head
     assert pair.calls == ["head stop", "worker stop", "head start"]
@@ -130,7 +132,7 @@ def test_a_worker_start_that_fails_midway_starts_both_again_in_order():
 
 def test_a_head_stop_that_fails_touches_nothing_else():
     pair = StepPair(fail={"head stop"})
-    ok, outcome = pg.run_steps(pair, pairlife.RESTART_STEPS)
+    ok, outcome = pl.run_steps(pair, pl.RESTART_STEPS)
     assert not ok and pair.calls == [] and "systemctl stop of the head failed" in outcome
 
 
@@ -138,16 +140,16 @@ def test_a_head_stop_that_fails_touches_nothing_else():
 
 
 def test_a_pause_with_an_expiry_reads_back_and_expires():
-    pause = pairlife.pause_from_text(pairlife.pause_record("ordered restart by a playbook", "root", 100.0, 700.0)
+    pause = pl.pause_from_text(pl.pause_record("ordered restart by a playbook", "root", 100.0, 700.0)
                                      .decode())
     assert pause.expires == 700.0
-    assert not pairlife.pause_expired(pause, 699.0) and pairlife.pause_expired(pause, 700.0)
-    assert "ends by itself" in pairlife.pause_line(pause, 200.0)
+    assert not pl.pause_expired(pause, 699.0) and pl.pause_expired(pause, 700.0)
+    assert "ends by itself" in pl.pause_line(pause, 200.0)
 
 
 def test_an_operators_pause_never_expires():
-    pause = pairlife.pause_from_text(pairlife.pause_record("stopped for maintenance", "root", 100.0).decode())
-    assert pause.expires is None and not pairlife.pause_expired(pause, 10**12)
+    pause = pl.pause_from_text(pl.pause_record("stopped for maintenance", "root", 100.0).decode())
+    assert pause.expires is None and not pl.pause_expired(pause, 10**12)
 
 
 def guard_args(tmp_path, pause_file):
@@ -160,9 +162,9 @@ def guard_args(tmp_path, pause_file):
 
 def test_the_guard_ends_an_expired_pause_and_looks_again(tmp_path, capsys):
     pause_file = tmp_path / "pair-guard.paused"
-    pause_file.write_bytes(pairlife.pause_record("ordered restart by a playbook", "root", time.time() - 100,
+    pause_file.write_bytes(pl.pause_record("ordered restart by a playbook", "root", time.time() - 100,
                                                  time.time() - 1))
-    code = pg.cmd_guard(guard_args(tmp_path, pause_file))
+    code = pair_cli.cmd_guard(guard_args(tmp_path, pause_file))
     err = capsys.readouterr().err
     assert "the pause is over, looking again" in err
     assert not pause_file.exists()
@@ -171,18 +173,18 @@ def test_the_guard_ends_an_expired_pause_and_looks_again(tmp_path, capsys):
 
 def test_the_guard_keeps_a_pause_that_has_not_expired(tmp_path, capsys):
     pause_file = tmp_path / "pair-guard.paused"
-    pause_file.write_bytes(pairlife.pause_record("ordered restart by a playbook", "root", time.time(),
+    pause_file.write_bytes(pl.pause_record("ordered restart by a playbook", "root", time.time(),
                                                  time.time() + 600))
-    assert pg.cmd_guard(guard_args(tmp_path, pause_file)) == 0
+    assert pair_cli.cmd_guard(guard_args(tmp_path, pause_file)) == 0
     assert pause_file.exists() and "not looking" in capsys.readouterr().err
 
 
 def test_pause_expires_in_is_written_and_refuses_zero(tmp_path, monkeypatch):
-    monkeypatch.setattr(pg, "stop_guard_run", lambda: "")
+    monkeypatch.setattr(pl, "stop_guard_run", lambda: "")
     pause_file = tmp_path / "pair-guard.paused"
-    assert pg._pause(str(pause_file), "by a playbook", 0) == 2 and not pause_file.exists()
+    assert pl.pause_guard(str(pause_file), "by a playbook", 0) == 2 and not pause_file.exists()
     before = time.time()
-    assert pg._pause(str(pause_file), "by a playbook", 300) == 0
+    assert pl.pause_guard(str(pause_file), "by a playbook", 300) == 0
     record = json.loads(pause_file.read_text())
     assert before + 300 <= record["expires"] <= time.time() + 300
     assert oct(os.stat(pause_file).st_mode & 0o777) == "0o600"

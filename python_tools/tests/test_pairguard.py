@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from twinspark import pairguard as pg
+from twinspark import api as head_api
+from twinspark import guard_rules as rules
 from twinspark import systemd
-from twinspark.pairguard import Action, Attempt, GuardState, Observation, Policy, Probe, Verdict
+from twinspark.guard_rules import Action, Attempt, GuardState, Observation, Policy, Probe, Verdict
+from twinspark.pair import guard
+from twinspark.pair import lifecycle as pl
 
 POLICY = Policy(max_attempts=3, backoff_initial_s=30, backoff_max_s=300, flap_window_s=3600,
                 startup_grace_s=600, timeout_strikes=3)
@@ -25,32 +28,32 @@ def healthy() -> Observation:
 def test_worker_killed_while_idle_restarts_the_pair_even_though_the_head_looks_fine():
     # The idle head keeps answering /health; only the worker's unit tells.
     obs = Observation("active", "failed", Probe.SKIPPED, head_active_for_s=4000)
-    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "worker" in decision.reason and "failed" in decision.reason
 
 
 def test_worker_and_head_exited_with_status_zero_restarts_the_pair():
-    decision = pg.decide(Observation("inactive", "inactive"), GuardState(), POLICY, NOW)
+    decision = rules.decide(Observation("inactive", "inactive"), GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "head" in decision.reason and "worker" in decision.reason
 
 
 def test_head_killed_leaves_an_orphaned_worker_that_gets_restarted_with_it():
-    decision = pg.decide(Observation("failed", "active"), GuardState(), POLICY, NOW)
+    decision = rules.decide(Observation("failed", "active"), GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "head" in decision.reason
 
 
 def test_a_failed_generation_with_both_units_active_restarts_the_pair():
     obs = Observation("active", "active", Probe.ERROR, "HTTP 500", 4000)
-    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "HTTP 500" in decision.reason
 
 
 def test_rebooted_node_with_no_unit_running_restarts_the_pair():
-    decision = pg.decide(Observation("inactive", "active"), GuardState(), POLICY, NOW)
+    decision = rules.decide(Observation("inactive", "active"), GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
 
 
@@ -58,33 +61,33 @@ def test_rebooted_node_with_no_unit_running_restarts_the_pair():
 
 
 def test_healthy_pair_needs_nothing():
-    decision = pg.decide(healthy(), GuardState(), POLICY, NOW)
+    decision = rules.decide(healthy(), GuardState(), POLICY, NOW)
     assert (decision.verdict, decision.action) == (Verdict.HEALTHY, Action.NONE)
 
 
 def test_unreachable_worker_waits_instead_of_restarting_half_a_pair():
-    decision = pg.decide(Observation("active", None), GuardState(), POLICY, NOW)
+    decision = rules.decide(Observation("active", None), GuardState(), POLICY, NOW)
     assert decision.action is Action.WAIT
     assert "SSH" in decision.reason
 
 
 def test_young_head_that_is_not_ready_is_still_starting():
     obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=60)
-    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert (decision.verdict, decision.action) == (Verdict.STARTING, Action.WAIT)
 
 
 def test_head_not_ready_long_after_the_grace_is_stuck_and_restarted():
     obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=601)
-    decision = pg.decide(obs, GuardState(), POLICY, NOW)
+    decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "601 s" in decision.reason
 
 
 @pytest.mark.parametrize("state", ["activating", "deactivating"])
 def test_a_unit_in_transition_is_left_alone(state):
-    assert pg.decide(Observation("active", state), GuardState(), POLICY, NOW).action is Action.WAIT
-    assert pg.decide(Observation(state, "active"), GuardState(), POLICY, NOW).action is Action.WAIT
+    assert rules.decide(Observation("active", state), GuardState(), POLICY, NOW).action is Action.WAIT
+    assert rules.decide(Observation(state, "active"), GuardState(), POLICY, NOW).action is Action.WAIT
 
 
 def test_timeouts_count_as_strikes_before_a_busy_pair_is_restarted():
@@ -92,7 +95,7 @@ def test_timeouts_count_as_strikes_before_a_busy_pair_is_restarted():
     slow = Observation("active", "active", Probe.TIMEOUT, "no token within 120 s", 4000)
     actions = []
     for _ in range(3):
-        decision = pg.decide(slow, state, POLICY, NOW)
+        decision = rules.decide(slow, state, POLICY, NOW)
         actions.append(decision.action)
         state = decision.state
     assert actions == [Action.WAIT, Action.WAIT, Action.RESTART]
@@ -100,10 +103,10 @@ def test_timeouts_count_as_strikes_before_a_busy_pair_is_restarted():
 
 def test_a_healthy_run_clears_timeout_strikes():
     slow = Observation("active", "active", Probe.TIMEOUT, "no token within 120 s", 4000)
-    state = pg.decide(slow, GuardState(), POLICY, NOW).state
-    state = pg.decide(slow, state, POLICY, NOW).state
-    state = pg.decide(healthy(), state, POLICY, NOW).state
-    assert pg.decide(slow, state, POLICY, NOW).action is Action.WAIT
+    state = rules.decide(slow, GuardState(), POLICY, NOW).state
+    state = rules.decide(slow, state, POLICY, NOW).state
+    state = rules.decide(healthy(), state, POLICY, NOW).state
+    assert rules.decide(slow, state, POLICY, NOW).action is Action.WAIT
 
 
 # --- bounded restarts ------------------------------------------------------------------------------------------
@@ -118,54 +121,54 @@ def test_backoff_doubles_with_recent_restarts_and_is_capped():
 
 
 def test_second_restart_waits_for_the_backoff():
-    state = pg.after_restart(GuardState(), NOW - 10, False, "worker inactive -> not serving", POLICY)
-    waiting = pg.decide(broken(), state, POLICY, NOW)
+    state = rules.after_restart(GuardState(), NOW - 10, False, "worker inactive -> not serving", POLICY)
+    waiting = rules.decide(broken(), state, POLICY, NOW)
     assert waiting.action is Action.WAIT
     assert "next attempt in 20 s" in waiting.reason
-    assert pg.decide(broken(), state, POLICY, NOW + 21).action is Action.RESTART
+    assert rules.decide(broken(), state, POLICY, NOW + 21).action is Action.RESTART
 
 
 def test_restarts_that_keep_succeeding_still_slow_down_a_flapping_pair():
     state = GuardState()
     for at in (NOW - 100, NOW - 50):
-        state = pg.after_restart(state, at, True, "ok", POLICY)
+        state = rules.after_restart(state, at, True, "ok", POLICY)
     assert state.failures_in_row == 0
     # two recent restarts: 60 s after the latest (NOW - 50) is not yet over
-    assert pg.decide(broken(), state, POLICY, NOW).action is Action.WAIT
-    assert pg.decide(broken(), state, POLICY, NOW + 11).action is Action.RESTART
+    assert rules.decide(broken(), state, POLICY, NOW).action is Action.WAIT
+    assert rules.decide(broken(), state, POLICY, NOW + 11).action is Action.RESTART
 
 
 def test_restarts_outside_the_flap_window_are_forgotten():
-    state = pg.after_restart(GuardState(), NOW - 7200, True, "ok", POLICY)
-    state = pg.after_restart(state, NOW - 10, True, "ok", POLICY)
+    state = rules.after_restart(GuardState(), NOW - 7200, True, "ok", POLICY)
+    state = rules.after_restart(state, NOW - 10, True, "ok", POLICY)
     assert [a.at for a in state.attempts] == [NOW - 10]
 
 
 def test_gives_up_loudly_after_max_failed_restarts_in_a_row():
     state = GuardState()
     for i in range(POLICY.max_attempts):
-        state = pg.after_restart(state, NOW - 10_000 + i, False, "not serving after 1800 s", POLICY)
-    decision = pg.decide(broken(), state, POLICY, NOW)
+        state = rules.after_restart(state, NOW - 10_000 + i, False, "not serving after 1800 s", POLICY)
+    decision = rules.decide(broken(), state, POLICY, NOW)
     assert decision.action is Action.GIVE_UP
     assert decision.state.gave_up_at == NOW
     assert "3 ordered restarts in a row" in decision.reason
     assert "restart.yml" in decision.reason
     # and it stays given up on later runs, restarting nothing
-    later = pg.decide(broken(), decision.state, POLICY, NOW + 10_000)
+    later = rules.decide(broken(), decision.state, POLICY, NOW + 10_000)
     assert later.action is Action.GAVE_UP
 
 
 def test_a_pair_repaired_by_an_operator_clears_the_give_up():
     state = GuardState(failures_in_row=3, gave_up_at=NOW - 60, gave_up_reason="x")
-    decision = pg.decide(healthy(), state, POLICY, NOW)
+    decision = rules.decide(healthy(), state, POLICY, NOW)
     assert decision.action is Action.NONE
     assert (decision.state.gave_up_at, decision.state.failures_in_row) == (None, 0)
-    assert pg.decide(broken(), decision.state, POLICY, NOW + 1).action is Action.RESTART
+    assert rules.decide(broken(), decision.state, POLICY, NOW + 1).action is Action.RESTART
 
 
 def test_a_successful_restart_resets_the_failure_count():
-    state = pg.after_restart(GuardState(), NOW - 500, False, "x", POLICY)
-    state = pg.after_restart(state, NOW - 400, True, "y", POLICY)
+    state = rules.after_restart(GuardState(), NOW - 500, False, "x", POLICY)
+    state = rules.after_restart(state, NOW - 400, True, "y", POLICY)
     assert state.failures_in_row == 0
     assert [a.ok for a in state.attempts] == [False, True]
 
@@ -181,11 +184,11 @@ def test_a_successful_restart_resets_the_failure_count():
     ("fd00::1", "http://[fd00::1]:8888"),
 ])
 def test_probe_url_reaches_the_bind_address_from_the_head(bind, url):
-    assert pg.api_from_env({"VLLM_HOST": bind, "SERVED_MODEL_NAME": "m"}).url == url
+    assert head_api.api_from_env({"VLLM_HOST": bind, "SERVED_MODEL_NAME": "m"}).url == url
 
 
 def test_probe_sends_the_first_of_several_keys_and_never_shows_it():
-    api = pg.api_from_env({"VLLM_PORT": "08080", "SERVED_MODEL_NAME": "m", "DSPARK_API_KEYS": "k1  k2",
+    api = head_api.api_from_env({"VLLM_PORT": "08080", "SERVED_MODEL_NAME": "m", "DSPARK_API_KEYS": "k1  k2",
                            "MAX_MODEL_LEN": "512"})
     assert api.url.endswith(":8080")
     assert api.headers() == {"Authorization": "Bearer k1"}
@@ -194,12 +197,12 @@ def test_probe_sends_the_first_of_several_keys_and_never_shows_it():
 
 
 def test_no_key_means_no_authorization_header():
-    assert pg.api_from_env({"SERVED_MODEL_NAME": "m", "VLLM_API_KEY": "  "}).headers() == {}
+    assert head_api.api_from_env({"SERVED_MODEL_NAME": "m", "VLLM_API_KEY": "  "}).headers() == {}
 
 
 def test_missing_served_name_names_the_variable():
     with pytest.raises(ValueError, match="SERVED_MODEL_NAME"):
-        pg.api_from_env({"VLLM_PORT": "8888"})
+        head_api.api_from_env({"VLLM_PORT": "8888"})
 
 
 # --- systemctl and the state file ------------------------------------------------------------------------------
@@ -207,23 +210,23 @@ def test_missing_served_name_names_the_variable():
 
 def test_active_for_uses_the_monotonic_enter_timestamp():
     props = systemd.parse_show("ActiveState=active\nActiveEnterTimestampMonotonic=100000000\n")
-    assert pg.active_for_s(props, 160.0) == pytest.approx(60.0)
-    assert pg.active_for_s({"ActiveState": "inactive", "ActiveEnterTimestampMonotonic": "5"}, 160.0) is None
+    assert rules.active_for_s(props, 160.0) == pytest.approx(60.0)
+    assert rules.active_for_s({"ActiveState": "inactive", "ActiveEnterTimestampMonotonic": "5"}, 160.0) is None
 
 
 def test_state_survives_a_round_trip_through_the_file(tmp_path):
     path = tmp_path / "guard" / "state.json"
     state = GuardState(attempts=(Attempt(NOW, False, "why"),), failures_in_row=1, gave_up_at=NOW,
                        gave_up_reason="because", last={"action": "give_up"})
-    pg.save_state(path, state)
-    assert pg.load_state(path) == state
+    guard.save_state(path, state)
+    assert guard.load_state(path) == state
     assert json.loads(path.read_text())["failures_in_row"] == 1
 
 
 def test_an_unreadable_state_file_starts_clean(tmp_path, capsys):
     path = tmp_path / "state.json"
     path.write_text("{truncated")
-    assert pg.load_state(path) == GuardState()
+    assert guard.load_state(path) == GuardState()
     assert "unreadable" in capsys.readouterr().err
 
 
@@ -275,14 +278,14 @@ class FakeClock:
 def test_restart_order_is_stop_head_stop_worker_start_worker_start_head_then_wait():
     pair = RecordingPair([(Probe.NOT_READY, "refused"), (Probe.OK, "one token")])
     clock = FakeClock()
-    ok, outcome = pg.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
+    ok, outcome = pl.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
     assert ok, outcome
     assert pair.calls == ["head stop", "worker stop", "worker start", "head start", "probe", "probe"]
 
 
 def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached_and_starts_the_head_again():
     pair = RecordingPair([], worker_reachable=False)
-    ok, outcome = pg.ordered_restart(pair, 600, 60)
+    ok, outcome = pl.ordered_restart(pair, 600, 60)
     assert not ok
     assert pair.calls == ["head stop", "head start"]
     assert "worker could not be reached" in outcome and "head started again" in outcome
@@ -291,7 +294,7 @@ def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached_and_star
 def test_restart_fails_early_when_the_head_exits_while_loading():
     pair = RecordingPair([(Probe.NOT_READY, "refused")] * 3, head_states=["active", "inactive"])
     clock = FakeClock()
-    ok, outcome = pg.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
+    ok, outcome = pl.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
     assert not ok
     assert "head inactive" in outcome
     assert clock.now == 5
@@ -300,7 +303,7 @@ def test_restart_fails_early_when_the_head_exits_while_loading():
 def test_the_wait_polls_the_head_often_and_the_worker_over_ssh_only_every_few_seconds():
     pair = RecordingPair([(Probe.NOT_READY, "refused")] * 20 + [(Probe.OK, "one token")])
     clock = FakeClock()
-    ok, outcome = pg.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
+    ok, outcome = pl.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
     assert ok, outcome
     assert clock.now == 10.0, "found serving on the first poll that answered, 0.5 s apart"
     assert pair.worker_reads == 3, "the worker's unit read at 0, 5 and 10 s only"
@@ -309,7 +312,7 @@ def test_the_wait_polls_the_head_often_and_the_worker_over_ssh_only_every_few_se
 def test_the_wait_stops_when_the_worker_leaves_active():
     pair = RecordingPair([(Probe.NOT_READY, "refused")] * 40, worker_states=["active", "failed"])
     clock = FakeClock()
-    ok, outcome = pg.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
+    ok, outcome = pl.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
     assert not ok and "worker failed" in outcome
     assert clock.now == 5.0
 
@@ -317,7 +320,7 @@ def test_the_wait_stops_when_the_worker_leaves_active():
 def test_restart_gives_up_waiting_at_the_ready_timeout():
     pair = RecordingPair([(Probe.NOT_READY, "refused")] * 100)
     clock = FakeClock()
-    ok, outcome = pg.ordered_restart(pair, 60, 10, poll_s=5, clock=clock, sleep=clock.sleep)
+    ok, outcome = pl.ordered_restart(pair, 60, 10, poll_s=5, clock=clock, sleep=clock.sleep)
     assert not ok
     assert "not serving 60 s after the head started" in outcome
     assert clock.now == 60
@@ -330,7 +333,7 @@ def test_state_command_exits_1_and_says_so_when_the_guard_gave_up(tmp_path, caps
     from twinspark import cli
 
     path = tmp_path / "state.json"
-    pg.save_state(path, GuardState(failures_in_row=5, gave_up_at=NOW, gave_up_reason="5 ordered restarts failed"))
+    guard.save_state(path, GuardState(failures_in_row=5, gave_up_at=NOW, gave_up_reason="5 ordered restarts failed"))
     assert cli.main(["pair", "state", "--state-file", str(path)]) == 1
     assert "5 ordered restarts failed" in capsys.readouterr().out
 
@@ -339,10 +342,10 @@ def test_reset_command_lets_the_guard_act_again(tmp_path):
     from twinspark import cli
 
     path = tmp_path / "state.json"
-    pg.save_state(path, GuardState(failures_in_row=5, gave_up_at=NOW, gave_up_reason="x"))
+    guard.save_state(path, GuardState(failures_in_row=5, gave_up_at=NOW, gave_up_reason="x"))
     assert cli.main(["pair", "reset", "--state-file", str(path)]) == 0
     assert cli.main(["pair", "state", "--state-file", str(path)]) == 0
-    assert pg.decide(broken(), pg.load_state(path), POLICY, NOW).action is Action.RESTART
+    assert rules.decide(broken(), guard.load_state(path), POLICY, NOW).action is Action.RESTART
 
 
 def test_guard_with_unreadable_env_files_exits_2_naming_the_file(tmp_path, capsys):
@@ -355,27 +358,27 @@ def test_guard_with_unreadable_env_files_exits_2_naming_the_file(tmp_path, capsy
     assert str(missing) in capsys.readouterr().err
 
 
-# --- what the head's API answered (shaped like twinspark.health.gather.gather_pair) -----------------------------
+# --- what the head's API answered (shaped like twinspark.api.gather) -----------------------------
 
-API = pg.Api(url="http://127.0.0.1:8888", served_name="tiny", max_model_len=512, api_key="k")
+API = rules.Api(url="http://127.0.0.1:8888", served_name="tiny", max_model_len=512, api_key="k")
 LISTED = {"status_code": 200, "json": {"data": [{"id": "tiny", "max_model_len": 512}]}}
 
 
 def test_one_token_back_is_ok():
-    probe, _ = pg.classify_probe({"models": LISTED, "generate": {"status_code": 200, "tokens": 1}}, API, 60)
+    probe, _ = rules.classify_probe({"models": LISTED, "generate": {"status_code": 200, "tokens": 1}}, API, 60)
     assert probe is Probe.OK
 
 
 def test_model_not_listed_yet_is_not_ready():
     results = {"models": {"error": "ConnectionError: Connection refused"}, "generate": {"error": "refused"}}
-    probe, detail = pg.classify_probe(results, API, 60)
+    probe, detail = rules.classify_probe(results, API, 60)
     assert probe is Probe.NOT_READY
     assert "Connection refused" in detail
 
 
 def test_generation_failing_after_the_worker_died_is_an_error():
     results = {"models": LISTED, "generate": {"status_code": 500}}
-    probe, detail = pg.classify_probe(results, API, 60)
+    probe, detail = rules.classify_probe(results, API, 60)
     assert probe is Probe.ERROR
     assert "HTTP 500" in detail
 
@@ -383,12 +386,10 @@ def test_generation_failing_after_the_worker_died_is_an_error():
 def test_generation_without_an_answer_in_time_is_a_timeout():
     import requests
 
-    from twinspark.health import gather
-
     class SlowSession:
         def request(self, *args, **kwargs):
             raise requests.ReadTimeout("read timed out")
 
-    generated, _ = gather._request(SlowSession(), "POST", "http://127.0.0.1:8888/v1/completions", 1)
-    probe, _ = pg.classify_probe({"models": LISTED, "generate": generated}, API, 1)
+    generated, _ = head_api.request(SlowSession(), "POST", "http://127.0.0.1:8888/v1/completions", 1)
+    probe, _ = rules.classify_probe({"models": LISTED, "generate": generated}, API, 1)
     assert probe is Probe.TIMEOUT

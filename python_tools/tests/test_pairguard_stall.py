@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import pairguard as pg
-from twinspark.health import gather
-from twinspark.pairguard import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+from twinspark import api as head_api
+from twinspark import guard_rules as rules
+from twinspark.guard_rules import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+from twinspark.pair import cli as pair_cli
+from twinspark.pair import guard
+from twinspark.pair import io as pair_io
+from twinspark.pair import lifecycle as pl
 
 POLICY = Policy(stall_window_s=30, short_probe_timeout_s=15, timeout_strikes=3, startup_grace_s=600)
 INTERVAL = 20.0  # vllm_service_guard_interval_s
@@ -38,21 +42,21 @@ def served(at: float) -> GuardState:
 def run(state: GuardState, now: float, probe: Probe, samples: tuple[Sample, ...], age: float = HEAD_AGE):
     obs = Observation("active", "active", probe, "no token within 15 s" if probe is Probe.TIMEOUT else "",
                       head_active_for_s=age, samples=samples)
-    return pg.decide(obs, state, POLICY, now)
+    return rules.decide(obs, state, POLICY, now)
 
 
 # --- the metric names vLLM really exports -----------------------------------------------------------------------
 
 
 def test_recorded_vllm_metrics_carry_the_counters_the_guard_watches():
-    metrics = gather.parse_vllm_metrics(RECORDED.read_text())
+    metrics = head_api.parse_metrics(RECORDED.read_text())
     assert (metrics["generation_tokens"], metrics["prompt_tokens"]) == (1.0, 2.0)
-    sample = pg.sample_from_metrics(metrics, T0)
+    sample = rules.sample_from_metrics(metrics, T0)
     assert (sample.running, sample.tokens, sample.counted, sample.error) == (0.0, 3.0, True, "")
 
 
 def test_metrics_without_vllms_counters_are_not_counted_and_say_why():
-    sample = pg.sample_from_metrics(gather.parse_vllm_metrics("# TYPE up gauge\nup 1\n"), T0)
+    sample = rules.sample_from_metrics(head_api.parse_metrics("# TYPE up gauge\nup 1\n"), T0)
     assert not sample.counted and not sample.unreachable
     assert "vllm:num_requests_*" in sample.error
 
@@ -61,8 +65,8 @@ def test_a_closed_metrics_port_is_unreachable():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    metrics = gather.read_metrics(f"http://127.0.0.1:{port}", 2)
-    sample = pg.sample_from_metrics(metrics, T0)
+    metrics = head_api.read_metrics(f"http://127.0.0.1:{port}", 2)
+    sample = rules.sample_from_metrics(metrics, T0)
     assert sample.unreachable and not sample.counted
     assert sample.error
 
@@ -79,7 +83,7 @@ def freeze_to_restart(freeze_after_s: float) -> tuple[float, str]:
 
     for _ in range(50):
         first = counted(now, 6, tokens(now))
-        plan = pg.probe_plan(first, pg.track(state.progress, (first,), POLICY), True, POLICY, 120)
+        plan = rules.probe_plan(first, rules.track(state.progress, (first,), POLICY), True, POLICY, 120)
         if plan is None:  # the counters already show the stall: no probe needed
             decision, end = run(state, now, Probe.SKIPPED, (first,)), now
         else:
@@ -122,14 +126,14 @@ def test_a_request_that_arrived_between_two_runs_is_not_timed_from_before_it():
 
 def test_a_saved_sample_older_than_the_limit_is_not_compared_with():
     old = Progress(at=T0 - 1000, tokens=900, kv=0.1, running=2, moved=False, flat_since=T0 - 1000)
-    progress = pg.track(old, (counted(T0, 2, 900),), POLICY)
+    progress = rules.track(old, (counted(T0, 2, 900),), POLICY)
     assert progress.moved is None and progress.flat_for() == 0
-    assert not pg.stalled(progress, POLICY)
+    assert not rules.stalled(progress, POLICY)
 
 
 def test_counters_that_went_down_mean_vllm_restarted_not_progress():
     old = Progress(at=T0 - 20, tokens=900, kv=0.1, running=2, moved=True, flat_since=None)
-    progress = pg.track(old, (counted(T0, 2, 12),), POLICY)
+    progress = rules.track(old, (counted(T0, 2, 12),), POLICY)
     assert progress.moved is None and progress.tokens == 12
 
 
@@ -143,7 +147,7 @@ def test_busy_pair_whose_probe_always_times_out_is_never_restarted(per_run):
     state, now, tokens = GuardState(), T0, 10_000.0
     for _ in range(500):
         first = counted(now, 6, tokens)
-        plan = pg.probe_plan(first, pg.track(state.progress, (first,), POLICY), True, POLICY, 120)
+        plan = rules.probe_plan(first, rules.track(state.progress, (first,), POLICY), True, POLICY, 120)
         assert plan is not None
         tokens += per_run
         second = counted(now + plan, 6, tokens)
@@ -162,7 +166,7 @@ def test_an_idle_pair_whose_running_gauge_stays_up_is_never_restarted_while_its_
     state, now = served(T0 - 10), T0
     for _ in range(100):
         first = counted(now, 3, 900)
-        plan = pg.probe_plan(first, pg.track(state.progress, (first,), POLICY), True, POLICY, 120)
+        plan = rules.probe_plan(first, rules.track(state.progress, (first,), POLICY), True, POLICY, 120)
         assert plan == POLICY.short_probe_timeout_s
         decision = run(state, now + 1, Probe.OK, (first,))
         assert decision.action is Action.NONE
@@ -181,7 +185,7 @@ def test_a_long_chunked_prefill_moves_the_kv_cache_and_counts_as_progress():
 def test_idle_pair_whose_probe_times_out_and_metrics_do_not_answer_is_broken_at_once():
     state = served(T0 - 25)
     samples = (Sample(T0, **UNREACHABLE), Sample(T0 + 15, **UNREACHABLE))
-    assert pg.probe_plan(samples[0], None, True, POLICY, 120) == 15  # not 120 s, and not three times
+    assert rules.probe_plan(samples[0], None, True, POLICY, 120) == 15  # not 120 s, and not three times
     decision = run(state, T0 + 15, Probe.TIMEOUT, samples)
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
     assert "/metrics does not answer" in decision.reason
@@ -197,7 +201,7 @@ def test_a_young_pair_that_never_served_gets_the_long_probe_and_strikes_for_its_
     # The first generation after a start compiles kernels; vLLM's counters do not move meanwhile.
     state = served(T0 - 5000)  # served before the head's latest start (active for 60 s)
     first = counted(T0, 0, 0)
-    assert pg.probe_plan(first, None, pg.warm(state.served_at, 60, T0), POLICY, 120) == 120
+    assert rules.probe_plan(first, None, rules.warm(state.served_at, 60, T0), POLICY, 120) == 120
     decision = run(state, T0 + 120, Probe.TIMEOUT, (first, counted(T0 + 120, 0, 0)), age=60)
     assert (decision.verdict, decision.action) == (Verdict.SUSPECT, Action.WAIT)
     assert decision.state.timeout_strikes == 1
@@ -211,7 +215,7 @@ def test_metrics_unreachable_while_the_probe_answers_is_healthy():
 
 def test_metrics_without_counters_fall_back_to_the_long_probe_and_strikes():
     bare = Sample(T0, error="no vllm:num_requests_* metrics in the answer (is this vLLM?)")
-    assert pg.probe_plan(bare, None, True, POLICY, 120) == 120
+    assert rules.probe_plan(bare, None, True, POLICY, 120) == 120
     state = served(T0 - 25)
     actions = []
     for i in range(3):
@@ -227,33 +231,33 @@ def test_metrics_without_counters_fall_back_to_the_long_probe_and_strikes():
 def test_progress_survives_the_state_file(tmp_path):
     path = tmp_path / "state.json"
     state = GuardState(progress=Progress(T0, 900.0, None, 2.0, False, T0 - 12), served_at=T0 - 40)
-    pg.save_state(path, state)
-    assert pg.load_state(path) == state
+    guard.save_state(path, state)
+    assert guard.load_state(path) == state
 
 
 def test_a_state_file_from_before_stall_detection_still_loads(tmp_path):
     path = tmp_path / "state.json"
     path.write_text('{"attempts": [], "failures_in_row": 2, "timeout_strikes": 1, "gave_up_at": null}')
-    state = pg.load_state(path)
+    state = guard.load_state(path)
     assert (state.failures_in_row, state.progress, state.served_at) == (2, None, None)
 
 
 def test_a_restart_forgets_the_counters_of_the_processes_it_replaced():
     state = GuardState(progress=Progress(T0, 900.0, 0.1, 2.0, False, T0 - 40), served_at=T0 - 60)
-    after = pg.after_restart(state, T0, True, "stalled -> serving", POLICY, finished_at=T0 + 70)
+    after = rules.after_restart(state, T0, True, "stalled -> serving", POLICY, finished_at=T0 + 70)
     assert (after.progress, after.served_at) == (None, T0 + 70)
-    failed = pg.after_restart(state, T0, False, "stalled -> not serving", POLICY, finished_at=T0 + 70)
+    failed = rules.after_restart(state, T0, False, "stalled -> not serving", POLICY, finished_at=T0 + 70)
     assert (failed.progress, failed.served_at) == (None, None)
 
 
 # --- the I/O order of one run -----------------------------------------------------------------------------------
 
 
-class ScriptedPair(pg.Pair):
+class ScriptedPair(pair_io.Pair):
     """Both units active; /metrics and the probe answer from scripts, recording what was asked and when."""
 
     def __init__(self, samples, probe):
-        super().__init__(api=pg.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"])
+        super().__init__(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"])
         self.samples = list(samples)
         self.answer = probe
         self.calls: list[str] = []
@@ -287,7 +291,7 @@ def test_one_run_skips_the_probe_when_the_saved_counters_already_show_a_stall():
     pair = ScriptedPair([counted(T0, 4, 900)], Probe.OK)
     obs = pair.observe(120, POLICY, GuardState(progress=stuck))
     assert pair.calls == ["metrics"]
-    assert pg.decide(obs, GuardState(progress=stuck), POLICY, T0).action is Action.RESTART
+    assert rules.decide(obs, GuardState(progress=stuck), POLICY, T0).action is Action.RESTART
 
 
 def test_without_a_policy_a_run_is_the_units_and_the_probe_as_before():
@@ -300,11 +304,11 @@ def test_guard_and_check_accept_the_stall_knobs():
     import argparse
 
     parser = argparse.ArgumentParser()
-    pg.register(parser.add_subparsers())
+    pair_cli.register(parser.add_subparsers())
     args = parser.parse_args(["pair", "check", "--worker", "10.0.0.2", "--stall-window", "45",
                               "--short-probe-timeout", "10", "--metrics-timeout", "3", "--probe-timeout", "90"])
     args.startup_grace = 600
-    policy = pg._policy_from_args(args)
+    policy = pair_cli._policy_from_args(args)
     assert (policy.stall_window_s, policy.short_probe_timeout_s, policy.metrics_timeout_s) == (45, 10, 3)
     defaults = parser.parse_args(["pair", "guard", "--worker", "10.0.0.2"])
     assert (defaults.stall_window, defaults.short_probe_timeout, defaults.probe_timeout) == (30.0, 15.0, 120.0)
@@ -313,18 +317,18 @@ def test_guard_and_check_accept_the_stall_knobs():
 def test_a_head_whose_api_hangs_entirely_is_a_timeout_and_with_metrics_silent_broken():
     # e.g. the head's processes frozen: /v1/models, the generation and /metrics all accept and never answer
     hung = {"error": "no answer within the timeout", "elapsed": 15.0}
-    api = pg.Api("http://127.0.0.1:8888", "tiny", 512)
-    probe, detail = pg.classify_probe({"models": hung, "generate": hung}, api, 15)
+    api = rules.Api("http://127.0.0.1:8888", "tiny", 512)
+    probe, detail = rules.classify_probe({"models": hung, "generate": hung}, api, 15)
     assert probe is Probe.TIMEOUT and "/v1/models" in detail
     obs = Observation("active", "active", probe, detail, HEAD_AGE, (Sample(T0, **UNREACHABLE),
                                                                     Sample(T0 + 15, **UNREACHABLE)))
-    assert pg.decide(obs, served(T0 - 20), POLICY, T0 + 15).action is Action.RESTART
+    assert rules.decide(obs, served(T0 - 20), POLICY, T0 + 15).action is Action.RESTART
 
 
 def test_a_starting_head_that_refuses_connections_is_still_not_ready():
     refused = {"error": "ConnectionError: Connection refused"}
-    api = pg.Api("http://127.0.0.1:8888", "tiny", None)
-    probe, _ = pg.classify_probe({"models": refused, "generate": refused}, api, 15)
+    api = rules.Api("http://127.0.0.1:8888", "tiny", None)
+    probe, _ = rules.classify_probe({"models": refused, "generate": refused}, api, 15)
     assert probe is Probe.NOT_READY
 
 
@@ -332,7 +336,7 @@ def test_state_command_shows_the_counters_the_guard_compares_with(tmp_path, caps
     from twinspark import cli
 
     path = tmp_path / "state.json"
-    pg.save_state(path, GuardState(progress=Progress(T0, 900.0, 0.1, 2.0, False, T0 - 12)))
+    guard.save_state(path, GuardState(progress=Progress(T0, 900.0, 0.1, 2.0, False, T0 - 12)))
     assert cli.main(["pair", "state", "--state-file", str(path)]) == 0
     assert "2 request(s) running, token counter at 900, unchanged for 12 s" in capsys.readouterr().out
 
@@ -413,28 +417,29 @@ def guarded(tmp_path, monkeypatch):
     env.write_text(f"VLLM_HOST=127.0.0.1\nVLLM_PORT={vllm.port}\nSERVED_MODEL_NAME=tiny\nMAX_MODEL_LEN=512\n")
     state_file = tmp_path / "state.json"
     restarts: list[str] = []
-    monkeypatch.setattr(pg.Pair, "head_props",
+    monkeypatch.setattr(pair_io.Pair, "head_props",
                         lambda self: {"ActiveState": "active", "ActiveEnterTimestampMonotonic": "1"})
-    monkeypatch.setattr(pg.Pair, "worker", lambda self, verb: "active")
+    monkeypatch.setattr(pair_io.Pair, "worker", lambda self, verb: "active")
     # The guard's key as site.yml leaves it, and a rank unit whose executable is there: nothing holds a restart back.
     key = tmp_path / "id_ed25519"
     key.write_text("key\n")
     key.chmod(0o600)
-    monkeypatch.setattr(pg.Pair, "exec_start", lambda self: f"{{ path={sys.executable} ; argv[]={sys.executable} }}")
-    probe = pg.Pair.probe
+    monkeypatch.setattr(pair_io.Pair, "exec_start",
+                        lambda self: f"{{ path={sys.executable} ; argv[]={sys.executable} }}")
+    probe = pair_io.Pair.probe
 
     def timed_probe(self, timeout_s):
         vllm.probe_timeouts.append(timeout_s)
         return probe(self, timeout_s)
 
     vllm.probe_timeouts = []
-    monkeypatch.setattr(pg.Pair, "probe", timed_probe)
+    monkeypatch.setattr(pair_io.Pair, "probe", timed_probe)
 
     def fake_restart(pair, ready_timeout_s, probe_timeout_s):
         restarts.append("ordered restart")
         return True, "serving again 1 s after the head started (one token)"
 
-    monkeypatch.setattr(pg, "ordered_restart", fake_restart)
+    monkeypatch.setattr(pl, "ordered_restart", fake_restart)
 
     def run_json(capsys):
         argv = ["pair", "guard", "--env", str(env), "--worker", "127.0.0.1", "--state-file", str(state_file),
@@ -453,16 +458,16 @@ def test_guard_cli_frozen_under_load_skips_the_probe_and_restarts(guarded, capsy
 
     vllm, run_json, restarts, state_file = guarded
     vllm.running, vllm.tokens = 6, 4242
-    kv = gather.parse_vllm_metrics(RECORDED.read_text())["kv_cache_usage"]
+    kv = head_api.parse_metrics(RECORDED.read_text())["kv_cache_usage"]
     now = time.time()
     # the previous run (20 s ago) saw the same counters: 4242 generated + 2 prefilled tokens, flat for 20 s already
-    pg.save_state(state_file, GuardState(progress=Progress(now - 20, 4244.0, kv, 6.0, False, now - 40),
+    guard.save_state(state_file, GuardState(progress=Progress(now - 20, 4244.0, kv, 6.0, False, now - 40),
                                          served_at=now - 60))
     code, seen = run_json(capsys)
     assert code == 0 and restarts == ["ordered restart"]
     assert seen["action"] == "restart" and "stalled" in seen["reason"]
     assert vllm.generations == 0  # the saved counters already showed the stall
-    state = pg.load_state(state_file)
+    state = guard.load_state(state_file)
     assert state.progress is None and "stalled" in state.attempts[-1].reason
 
 
@@ -479,7 +484,7 @@ def test_guard_cli_busy_pair_with_hanging_probes_is_never_restarted(guarded, cap
 def test_guard_cli_idle_pair_that_served_and_now_hangs_is_restarted_after_one_short_probe(guarded, capsys):
     vllm, run_json, restarts, state_file = guarded
     code, seen = run_json(capsys)  # serving: the guard notes when
-    assert seen["verdict"] == "healthy" and pg.load_state(state_file).served_at is not None
+    assert seen["verdict"] == "healthy" and guard.load_state(state_file).served_at is not None
     vllm.hang_s = 1.0  # frozen: the generation never answers in time, the idle counters stay put
     code, seen = run_json(capsys)
     assert seen["action"] == "restart" and "frozen" in seen["reason"], seen["reason"]

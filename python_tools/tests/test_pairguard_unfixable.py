@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from twinspark import guard_rules as rules
-from twinspark import pairguard as pg
 from twinspark.fabric.links import LinkState
-from twinspark.pairguard import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+from twinspark.guard_rules import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+from twinspark.pair import cli as pair_cli
+from twinspark.pair import guard
+from twinspark.pair import io as pair_io
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = Policy(max_attempts=3, backoff_initial_s=30, backoff_max_s=300, flap_window_s=3600, startup_grace_s=600,
@@ -41,8 +43,8 @@ def served_state(at: float) -> GuardState:
 
 def through_the_file(state: GuardState, tmp_path: Path) -> GuardState:
     path = tmp_path / "state.json"
-    pg.save_state(path, state)
-    return pg.load_state(path)
+    guard.save_state(path, state)
+    return guard.load_state(path)
 
 
 # --- the fabric: rules ------------------------------------------------------------------------------------------
@@ -50,12 +52,12 @@ def through_the_file(state: GuardState, tmp_path: Path) -> GuardState:
 
 def test_without_the_fabric_look_the_same_run_restarts_the_pair():
     # The behaviour the fabric look replaces: an idle pair that served, short probe timed out, counters flat.
-    assert pg.decide(idle_timeout(T0, fabric_down=None), served_state(T0), POLICY, T0).action is Action.RESTART
+    assert rules.decide(idle_timeout(T0, fabric_down=None), served_state(T0), POLICY, T0).action is Action.RESTART
 
 
 def test_fabric_down_waits_names_the_interface_and_counts_nothing():
     state = served_state(T0)
-    decision = pg.decide(idle_timeout(T0), state, POLICY, T0)
+    decision = rules.decide(idle_timeout(T0), state, POLICY, T0)
     assert (decision.verdict, decision.action) == (Verdict.FABRIC_DOWN, Action.WAIT)
     assert "ic0 is down" in decision.reason and "a restart cannot fix a link" in decision.reason
     assert decision.state.fabric_down_since == T0
@@ -66,26 +68,26 @@ def test_fabric_down_outranks_a_dead_rank_and_an_unreachable_worker():
     for obs in (Observation("inactive", "active", fabric_down=IC0_DOWN),
                 Observation("active", None, fabric_down="the peer's fabric address 10.77.0.2 (TCP 22) does not "
                                                         "answer within 1.5 s")):
-        decision = pg.decide(obs, GuardState(), POLICY, T0)
+        decision = rules.decide(obs, GuardState(), POLICY, T0)
         assert (decision.verdict, decision.action) == (Verdict.FABRIC_DOWN, Action.WAIT), decision.reason
 
 
 def test_a_pair_that_serves_is_healthy_whatever_an_interface_says():
     obs = Observation("active", "active", Probe.OK, "one token", 4000.0, fabric_down=IC0_DOWN)
-    assert pg.decide(obs, GuardState(), POLICY, T0).action is Action.NONE
+    assert rules.decide(obs, GuardState(), POLICY, T0).action is Action.NONE
 
 
 def test_the_outage_is_timed_from_the_first_run_that_saw_it_across_runs(tmp_path):
-    state = pg.decide(idle_timeout(T0), served_state(T0), POLICY, T0).state
+    state = rules.decide(idle_timeout(T0), served_state(T0), POLICY, T0).state
     state = through_the_file(state, tmp_path)
-    later = pg.decide(idle_timeout(T0 + 120), state, POLICY, T0 + 120)
+    later = rules.decide(idle_timeout(T0 + 120), state, POLICY, T0 + 120)
     assert later.action is Action.WAIT and "120 s of 300 s" in later.reason
     assert later.state.fabric_down_since == T0
 
 
 def test_past_the_bound_the_guard_reports_loudly_and_still_does_not_restart():
     state = replace_since(served_state(T0), T0 - 301)
-    decision = pg.decide(idle_timeout(T0), state, POLICY, T0)
+    decision = rules.decide(idle_timeout(T0), state, POLICY, T0)
     assert (decision.verdict, decision.action) == (Verdict.FABRIC_DOWN, Action.HOLD)
     assert "gave the fabric 301 s" in decision.reason and "ic0 is down" in decision.reason
     assert decision.state.failures_in_row == 0 and decision.state.attempts == ()
@@ -99,13 +101,13 @@ def replace_since(state: GuardState, since: float) -> GuardState:
 
 def test_link_back_and_serving_means_no_restart_and_the_clock_is_cleared():
     obs = Observation("active", "active", Probe.OK, "one token", 4000.0)
-    decision = pg.decide(obs, replace_since(GuardState(), T0 - 600), POLICY, T0)
+    decision = rules.decide(obs, replace_since(GuardState(), T0 - 600), POLICY, T0)
     assert decision.action is Action.NONE
     assert decision.state.fabric_down_since is None and "the fabric is back after 600 s" in decision.reason
 
 
 def test_link_back_but_not_serving_falls_to_the_usual_rules():
-    decision = pg.decide(idle_timeout(T0, fabric_down=None), replace_since(served_state(T0), T0 - 600), POLICY, T0)
+    decision = rules.decide(idle_timeout(T0, fabric_down=None), replace_since(served_state(T0), T0 - 600), POLICY, T0)
     assert decision.action is Action.RESTART and decision.state.fabric_down_since is None
     assert "the fabric is back after 600 s" in decision.reason
 
@@ -116,14 +118,14 @@ def test_a_long_outage_ends_in_one_restart_after_the_link_is_back_never_during(t
     state, actions, at = served_state(T0), [], T0
     for step in range(30):
         obs = idle_timeout(at) if step < 15 else Observation("inactive", "active", fabric_down=IC0_DOWN)
-        decision = pg.decide(obs, state, POLICY, at)
+        decision = rules.decide(obs, state, POLICY, at)
         state, at = through_the_file(decision.state, tmp_path), at + 20
         actions.append(decision.action)
     assert Action.RESTART not in actions and actions[-1] is Action.HOLD
-    decision = pg.decide(Observation("inactive", "active"), state, POLICY, at)
+    decision = rules.decide(Observation("inactive", "active"), state, POLICY, at)
     assert decision.action is Action.RESTART and "back after 600 s" in decision.reason
-    state = pg.after_restart(decision.state, at, True, decision.reason, POLICY, finished_at=at + 60)
-    after = pg.decide(Observation("active", "active", Probe.OK, "one token", 60.0), state, POLICY, at + 80)
+    state = rules.after_restart(decision.state, at, True, decision.reason, POLICY, finished_at=at + 60)
+    after = rules.decide(Observation("active", "active", Probe.OK, "one token", 60.0), state, POLICY, at + 80)
     assert after.action is Action.NONE and len(after.state.attempts) == 1
 
 
@@ -226,19 +228,19 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def fabric_pair(class_net: Path, port: int, peer: str | None = "127.0.0.1") -> pg.Pair:
-    return pg.Pair(api=pg.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
+def fabric_pair(class_net: Path, port: int, peer: str | None = "127.0.0.1") -> pair_io.Pair:
+    return pair_io.Pair(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
                    fabric_ifnames=["ic0"], fabric_peer=peer, class_net=class_net, fabric_port=port,
                    fabric_timeout_s=0.5)
 
 
 def test_a_peer_that_listens_or_refuses_answers(listener):
-    assert pg.peer_problem("127.0.0.1", listener, 1.0) is None
-    assert pg.peer_problem("127.0.0.1", closed_port(), 1.0) is None
+    assert pair_io.peer_problem("127.0.0.1", listener, 1.0) is None
+    assert pair_io.peer_problem("127.0.0.1", closed_port(), 1.0) is None
 
 
 def test_a_peer_that_never_answers_is_unreachable(full_listener):
-    problem = pg.peer_problem("127.0.0.1", full_listener, 0.3)
+    problem = pair_io.peer_problem("127.0.0.1", full_listener, 0.3)
     assert problem is not None and "does not answer within 0.3 s" in problem
 
 
@@ -261,11 +263,11 @@ def test_a_run_that_cannot_look_at_an_interface_says_so_and_holds_nothing_back(t
     assert "cannot look at fabric interface ic0" in capsys.readouterr().err
 
 
-class ScriptedUnits(pg.Pair):
+class ScriptedUnits(pair_io.Pair):
     """The units and the API stood in for (no systemd or vLLM here); the fabric read for real."""
 
     def __init__(self, class_net: Path, port: int, probe: Probe, worker_answers: dict[str, object]):
-        super().__init__(api=pg.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
+        super().__init__(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
                          fabric_ifnames=["ic0"], fabric_peer="127.0.0.1", class_net=class_net, fabric_port=port,
                          fabric_timeout_s=0.5)
         self.answer = probe
@@ -308,7 +310,7 @@ def test_an_older_worker_that_refuses_state_since_is_asked_state(tmp_path, liste
 def test_a_head_restarted_alone_is_a_half_pair_at_once():
     obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=40.0,
                       worker_active_for_s=3640.0)
-    decision = pg.decide(obs, GuardState(), POLICY, T0)
+    decision = rules.decide(obs, GuardState(), POLICY, T0)
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
     assert "the head's rank started 3600 s after the worker's rank" in decision.reason
     assert "cannot pair" in decision.reason
@@ -317,12 +319,12 @@ def test_a_head_restarted_alone_is_a_half_pair_at_once():
 def test_an_ordered_start_starts_the_head_seconds_after_the_worker_and_is_still_starting():
     obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=40.0,
                       worker_active_for_s=43.0)
-    assert pg.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
+    assert rules.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
 
 
 def test_an_older_worker_that_does_not_say_its_age_leaves_the_old_rule():
     obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=40.0)
-    assert pg.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
+    assert rules.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -381,7 +383,7 @@ def test_the_forced_command_reports_the_rank_and_its_age_and_keeps_state_as_it_w
 
 
 def test_state_since_is_a_verb_the_guard_may_ask():
-    assert "state-since" in pg.PEER_VERBS
+    assert "state-since" in pair_io.PEER_VERBS
 
 
 # --- the guard's key and the runtime -----------------------------------------------------------------------------
@@ -394,18 +396,18 @@ def broken_pair() -> Observation:
 def test_a_broken_pair_is_not_restarted_when_the_key_cannot_work_and_nothing_is_counted():
     blocked = Observation("active", "failed", head_active_for_s=4000.0,
                           cannot_restart="the guard's SSH key /k has mode 0644, which ssh refuses")
-    decision = pg.decide(blocked, GuardState(), POLICY, T0)
+    decision = rules.decide(blocked, GuardState(), POLICY, T0)
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.HOLD)
     assert "not restarting: the guard's SSH key /k has mode 0644" in decision.reason
     assert decision.state.failures_in_row == 0 and decision.state.attempts == ()
-    assert pg.decide(broken_pair(), GuardState(), POLICY, T0).action is Action.RESTART
+    assert rules.decide(broken_pair(), GuardState(), POLICY, T0).action is Action.RESTART
 
 
 def test_a_worker_unreachable_because_of_the_key_names_the_key():
     obs = Observation("active", None, cannot_restart="the guard's SSH key /k is owned by uid 1000, not uid 0")
-    decision = pg.decide(obs, GuardState(), POLICY, T0)
+    decision = rules.decide(obs, GuardState(), POLICY, T0)
     assert decision.action is Action.HOLD and "owned by uid 1000" in decision.reason
-    assert pg.decide(Observation("active", None), GuardState(), POLICY, T0).action is Action.WAIT
+    assert rules.decide(Observation("active", None), GuardState(), POLICY, T0).action is Action.WAIT
 
 
 class KeyAndUnit:
@@ -429,22 +431,22 @@ def key_file(tmp_path: Path, mode: int) -> str:
 def test_the_blocker_reads_the_key_and_the_units_executable(tmp_path):
     here = f"{{ path={sys.executable} ; argv[]={sys.executable} -I -m twinspark.cli serve ; ignore_errors=no }}"
     gone = "{ path=/nonexistent/venv/bin/python ; argv[]=/nonexistent/venv/bin/python -I -m twinspark.cli serve }"
-    assert pg.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), here)) is None
-    assert "mode 0644" in pg.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o644), here))
-    assert "does not exist" in pg.restart_blocker(KeyAndUnit(str(tmp_path / "none"), here))
-    missing = pg.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), gone))
+    assert guard.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), here)) is None
+    assert "mode 0644" in guard.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o644), here))
+    assert "does not exist" in guard.restart_blocker(KeyAndUnit(str(tmp_path / "none"), here))
+    missing = guard.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), gone))
     assert missing.startswith("the runtime is missing: /nonexistent/venv/bin/python")
-    assert pg.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), "")) is None  # cannot ask: not held back
+    assert guard.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), "")) is None  # cannot ask: not held back
 
 
 def test_the_fabric_wait_reaches_the_policy_from_the_command_line():
     import argparse
 
     parser = argparse.ArgumentParser()
-    pg.register(parser.add_subparsers())
+    pair_cli.register(parser.add_subparsers())
     args = parser.parse_args(["pair", "guard", "--worker", "10.0.0.2", "--fabric-wait", "120"])
     args.startup_grace = 600
-    assert pg._policy_from_args(args).fabric_wait_s == 120
+    assert pair_cli._policy_from_args(args).fabric_wait_s == 120
     assert parser.parse_args(["pair", "check", "--worker", "10.0.0.2"]).fabric_wait == 300
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark import pairguard as pg
-from twinspark import pairlife as pl
-from twinspark.pairguard import Probe
+from twinspark.guard_rules import Probe
+from twinspark.pair import cli as pair_cli
+from twinspark.pair import io as pair_io
+from twinspark.pair import lifecycle as pl
 
 # --- the order of the steps (pure) -----------------------------------------------------------------------------
 
@@ -111,13 +112,13 @@ def on_head(tmp_path: Path, monkeypatch):
     env = tmp_path / "serve.env"
     env.write_text("VLLM_HOST=127.0.0.1\nVLLM_PORT=9\nSERVED_MODEL_NAME=tiny\n")
     box: dict[str, object] = {"head": Head(), "guard_stops": 0}
-    monkeypatch.setattr(pg, "_pair_from_args", lambda args: box["head"])
+    monkeypatch.setattr(pair_cli, "_pair_from_args", lambda args: box["head"])
 
     def stop_run(timeout_s=150.0):
         box["guard_stops"] = int(box["guard_stops"]) + 1
         return ""
 
-    monkeypatch.setattr(pg, "stop_guard_run", stop_run)
+    monkeypatch.setattr(pl, "stop_guard_run", stop_run)
     args = ["--env", str(env), "--worker", "127.0.0.1", "--state-file", str(tmp_path / "state.json"),
             "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused")]
     box["args"], box["pause"], box["lock"] = args, str(tmp_path / "paused"), str(tmp_path / "pair.lock")
@@ -198,8 +199,8 @@ def test_start_notes_that_the_guard_is_still_paused(on_head, capsys):
 def test_a_paused_guard_drains_its_kicks_and_does_not_look(on_head, monkeypatch, capsys):
     """A kick (a real datagram over loopback) wakes a paused guard: it empties the socket and does nothing else."""
     looked = []
-    monkeypatch.setattr(pg.Pair, "observe", lambda self, *a, **k: looked.append("observe"))
-    monkeypatch.setattr(pg, "_pair_from_args", lambda args: looked.append("env") or on_head["head"])
+    monkeypatch.setattr(pair_io.Pair, "observe", lambda self, *a, **k: looked.append("observe"))
+    monkeypatch.setattr(pair_cli, "_pair_from_args", lambda args: looked.append("env") or on_head["head"])
     pl.write_pause(on_head["pause"], "stopped by playbooks/stop.yml", "ops")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))

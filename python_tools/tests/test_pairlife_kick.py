@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark import pairlife as pl
-from twinspark.pairlife import KICK_TOKEN, Kicks
+from twinspark.pair import guard
+from twinspark.pair import lifecycle as pl
+from twinspark.pair.lifecycle import KICK_TOKEN, Kicks
 
 # --- rules -----------------------------------------------------------------------------------------------------
 
@@ -224,28 +225,22 @@ def _scripted(states):
 
 
 def test_a_kicked_guard_waits_for_a_stopping_rank_to_finish_before_judging():
-    from twinspark import pairguard
-
     read, clock, sleep = _scripted([("active", "deactivating"), ("active", "deactivating"), ("active", "failed")])
-    head, worker, waited = pairguard.settle(read, timeout_s=30, clock=clock, sleep=sleep)
+    head, worker, waited = guard.settle(read, timeout_s=30, clock=clock, sleep=sleep)
     assert (head, worker) == ("active", "failed")
     assert waited == 2.0
 
 
 def test_settling_gives_up_at_its_bound_and_returns_what_it_last_saw():
-    from twinspark import pairguard
-
     read, clock, sleep = _scripted([("deactivating", "active")] * 10)
-    head, worker, waited = pairguard.settle(read, timeout_s=3, clock=clock, sleep=sleep)
+    head, worker, waited = guard.settle(read, timeout_s=3, clock=clock, sleep=sleep)
     assert (head, worker) == ("deactivating", "active")
     assert waited == 3.0
 
 
 def test_settling_does_not_wait_when_no_rank_is_stopping():
-    from twinspark import pairguard
-
     read, clock, sleep = _scripted([("active", "inactive")])
-    assert pairguard.settle(read, timeout_s=30, clock=clock, sleep=sleep) == ("active", "inactive", 0.0)
+    assert guard.settle(read, timeout_s=30, clock=clock, sleep=sleep) == ("active", "inactive", 0.0)
 
 
 # --- the watch: a kick the moment the rank's main process ends --------------------------------------------------
@@ -318,16 +313,14 @@ def test_the_cgroup_path_and_whose_it_is():
 
 def test_finishing_the_kill_outside_the_units_cgroup_signals_nothing(monkeypatch):
     said = []
-    monkeypatch.setattr(pl.os, "kill", lambda pid, sig: pytest.fail(f"signalled {pid}"))
+    monkeypatch.setattr(guard.os, "kill", lambda pid, sig: pytest.fail(f"signalled {pid}"))
     assert pl.finish_the_kill("twinspark-vllm.service", lambda p, m: said.append(m)) == []
     assert said and "left to systemd's stop timeout" in said[0]
 
 
 def test_a_watch_with_a_stop_asked_leaves_the_leftovers_to_systemd(kick_socket, monkeypatch):
-    from twinspark import pairguard
-
     monkeypatch.setattr(pl, "system_state", lambda timeout_s=3.0: "running")
-    monkeypatch.setattr(pairguard, "_unit_job", lambda unit: "4711")
+    monkeypatch.setattr(pl, "unit_job", lambda unit: "4711")
     monkeypatch.setattr(pl, "finish_the_kill", lambda unit, log: pytest.fail("a stop was asked"))
     gone = subprocess.Popen(["true"])
     gone.wait(timeout=10)
@@ -335,7 +328,7 @@ def test_a_watch_with_a_stop_asked_leaves_the_leftovers_to_systemd(kick_socket, 
                      str(gone.pid), "--unit", "twinspark-vllm.service"]) == 0
     assert kick_socket.recvfrom(512)[0] == KICK_TOKEN
     killed = []
-    monkeypatch.setattr(pairguard, "_unit_job", lambda unit: "")
+    monkeypatch.setattr(pl, "unit_job", lambda unit: "")
     monkeypatch.setattr(pl, "finish_the_kill", lambda unit, log: killed.append(unit) or [1, 2])
     assert cli.main(["pair", "kick", "--to", f"127.0.0.1:{kick_socket.getsockname()[1]}", "--watch-pid",
                      str(gone.pid), "--unit", "twinspark-vllm.service"]) == 0

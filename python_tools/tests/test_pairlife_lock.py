@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark import pairguard as pg
-from twinspark import pairlife as pl
+from twinspark import guard_rules as rules
+from twinspark.pair import guard
+from twinspark.pair import io as pair_io
+from twinspark.pair import lifecycle as pl
 
 
 class FakeClock:
@@ -100,11 +102,11 @@ def head(tmp_path: Path, monkeypatch):
     env = tmp_path / "serve.env"
     env.write_text("VLLM_HOST=127.0.0.1\nVLLM_PORT=9\nSERVED_MODEL_NAME=tiny\n")
     looked: list[str] = []
-    monkeypatch.setattr(pg.Pair, "observe", lambda self, *a, **k: looked.append("observe") or pg.Observation(
+    monkeypatch.setattr(pair_io.Pair, "observe", lambda self, *a, **k: looked.append("observe") or rules.Observation(
         "failed", "active"))
-    monkeypatch.setattr(pg, "ordered_restart", lambda pair, *a, **k: (looked.append("restart") or (True, "ok")))
-    monkeypatch.setattr(pg, "preflight", lambda pair, steps: "")  # no real worker here (tests/test_pair_safety.py)
-    monkeypatch.setattr(pg, "restart_blocker", lambda pair: None)  # no guard key here (test_pairguard_unfixable.py)
+    monkeypatch.setattr(pl, "ordered_restart", lambda pair, *a, **k: (looked.append("restart") or (True, "ok")))
+    monkeypatch.setattr(pl, "preflight", lambda pair, steps: "")  # no real worker here (tests/test_pair_safety.py)
+    monkeypatch.setattr(guard, "restart_blocker", lambda pair: None)  # no guard key here (test_pairguard_unfixable.py)
     args = ["--env", str(env), "--worker", "127.0.0.1", "--state-file", str(tmp_path / "state.json"),
             "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused")]
     return args, looked, str(tmp_path / "pair.lock")
@@ -147,6 +149,6 @@ def test_the_guard_waits_for_a_stopping_rank_only_when_a_kick_woke_it(head, monk
             return kicks if not looked else pl.Kicks()
 
     monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: Inbox()))
-    monkeypatch.setattr(pg, "settle", lambda read, timeout_s: looked.append("settle") or ("failed", "active", 0.0))
+    monkeypatch.setattr(guard, "settle", lambda read, timeout_s: looked.append("settle") or ("failed", "active", 0.0))
     assert cli.main(["pair", "guard", *args, "--settle", "5"]) == 0
     assert looked == (["settle"] if settles else []) + ["observe", "restart"]

@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("twinspark.model", "fetch, verify and describe model weights"),
     "route-check": ("twinspark.netguard",
                     "refuse to dial a simulated-pair address whose route would leave this machine"),
-    "pair": ("twinspark.pairguard", "keep the two ranks serving as one pair (runs on the head)"),
+    "pair": ("twinspark.pair.cli", "keep the two ranks serving as one pair (runs on the head)"),
     "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
     "runtime": ("twinspark.runtime", "report the installed serving runtime (vLLM, torch, patches)"),
     "tls": ("twinspark.tls", "the API's optional TLS (make a self-signed test certificate)"),

@@ -5,12 +5,13 @@ turns a verdict and the remembered state into an action (none, wait, restart, ho
 restarts for what a restart cannot cure (the fabric down, the guard's key unusable, the runtime missing);
 `after_restart` records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a
 busy pair is told from a stalled one. No systemctl, SSH, HTTP or clock here (the one file read is the node's layout,
-once, at import, for the rank's unit name): pairguard.py does the I/O and hands these functions what it saw
+once, at import, for the rank's unit name): twinspark.pair does the I/O and hands these functions what it saw
 (roles/vllm_service/README.md describes the faults they answer).
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
@@ -19,6 +20,7 @@ from twinspark import api as head_api
 from twinspark import layout, systemd
 from twinspark.fabric import links
 from twinspark.fabric.links import LinkState
+from twinspark.health import checks
 
 UNIT = layout.current().unit_vllm  # the rank's unit on this node (layout.yml, overlaid by the node file)
 RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
@@ -406,8 +408,6 @@ def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeou
     connection but did not answer in time (a starting head refuses connections; one that hangs does not); any
     other failed generation is an error.
     """
-    from twinspark.health import checks
-
     models = results.get("models") or {}
     listed = checks.check_models(models, api.served_name, api.max_model_len)
     if listed.status == checks.FAILED:
@@ -516,8 +516,6 @@ def connect_problem(address: str, port: int, error: OSError | None, timeout_s: f
     """A TCP connect to the peer's fabric address -> why the peer is not reachable; None when it answered (connected,
     or refused: a refusal comes from the host itself) or when the error says nothing about the path (then a restart
     is not held back on a guess)."""
-    import errno
-
     where = f"the peer's fabric address {address} (TCP {port})"
     if error is None or isinstance(error, ConnectionRefusedError):
         return None

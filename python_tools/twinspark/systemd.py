@@ -1,6 +1,6 @@
 """What the tools ask systemd: the `systemctl show` command line and the parse of its answer, in one place.
 
-Health (health/gather.py) and the pair guard (pairguard.py) both read unit properties this way.
+Health (health/gather.py) and the pair guard (pair/io.py) both read unit properties this way.
 """
 
 from __future__ import annotations

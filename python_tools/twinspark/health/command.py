@@ -13,7 +13,7 @@ from pathlib import Path
 from twinspark import netguard
 from twinspark.health import checks, fleetreport, report
 from twinspark.health.checks import CheckResult
-from twinspark.inventory import default_inventory
+from twinspark.inventory import InventoryError, default_inventory, read_inventory
 
 EPILOG = """\
 modes:
@@ -147,7 +147,7 @@ def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_
     from twinspark.health import remote
 
     source = inventory or default_inventory()
-    pair = remote.read_inventory(source) if pair_name is None else remote.read_inventory(source, pair_name)
+    pair = read_inventory(source) if pair_name is None else read_inventory(source, pair_name)
     netguard.check([pair.head.host, pair.worker.host, pair.api_url])
     outcome = remote.sweep(pair, timeout, nodes=nodes, probe_pair=probe_pair)
     results: list[CheckResult] = []
@@ -195,7 +195,6 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     router's worker list (asked with the first pair's key, which the router's key file holds too). `others`: URLs
     of the fleet's pairs left out by --limit, which the router lists without being judged for it."""
     from twinspark import api
-    from twinspark.health.remote import InventoryError
 
     seen: list[fleetreport.PairSeen] = []
     key: str | None = None
@@ -253,7 +252,6 @@ def _fleet_answer(inventory: str | None, timeout: float, limit: str | None = Non
     """The fleet's report and exit code when the inventory is a fleet (every pair, or those in `limit`, and the
     router); None for a one-pair inventory, which goes on as it always did. An unreadable inventory, a bad `limit`,
     or a `limit` on a one-pair inventory: one line, exit 2."""
-    from twinspark.health.remote import InventoryError
     from twinspark.inventory import read_fleet
 
     try:
@@ -296,8 +294,6 @@ def answer(sweep: Callable[[], tuple[list[CheckResult], dict, dict]], as_json: b
     try:
         results, nodes, metrics = sweep()
     except Exception as error:
-        from twinspark.health.remote import InventoryError
-
         if isinstance(error, (InventoryError, netguard.UnsafeRoute)):
             print(f"twinspark health: {error}", file=sys.stderr)
             return 2

@@ -14,17 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-# The inventory and SSH live in twinspark.inventory; these names stay importable from here for existing callers.
-from twinspark.inventory import (  # noqa: F401
-    REMOTE_TWINSPARK,
-    Connection,
-    InventoryError,
-    Node,
-    Pair,
-    describe_ssh_error,
-    read_inventory,
-    read_remote_env,
-)
+from twinspark.inventory import Connection, Node, Pair, describe_ssh_error, read_remote_env
 
 
 def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str, object]]:

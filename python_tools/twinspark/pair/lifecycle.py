@@ -1,4 +1,5 @@
-"""The pair's lifecycle on the head: the guard's wake-up kick, and (below) what every start and stop shares.
+"""The pair's lifecycle on the head: the guard's wake-up kick, and (below) what every start and stop shares: the
+lock, the ordered steps and their put-back, the pause, and whether the pair needs an ordered restart at all.
 
 The kick. A rank that stops for any reason (killed, crashed, lost its peer and exited with status 0, stopped by
 someone) runs `twinspark pair kick` from its unit's `ExecStop=`: one UDP datagram carrying a fixed token to the
@@ -10,23 +11,29 @@ what to do, and no datagram can make it do anything a timer run would not. Kicks
 on stay queued; systemd starts one more run when the current one ends, and that run drains them all, so a burst
 of kicks costs at most one extra run. The timer stays as the safety net (a lost datagram, a socket not running).
 
-Rules (`summarize`, `listen_fds`, `trigger_line`, `parse_target`) are pure; sockets sit in `KickInbox` and `kick`.
+Rules (`summarize`, `listen_fds`, `trigger_line`, `parse_target`, `steps`, `put_back`, `restart_reasons`) are pure;
+sockets sit in `KickInbox` and `kick`, and every step on the pair goes through `Pair` (pair/io.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import fcntl
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinspark import layout
+from twinspark import drain, layout
+from twinspark.guard_rules import Probe
+from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
 KICK_SOCKET = layout.current().unit_pair_guard_kick
@@ -275,8 +282,7 @@ class KickInbox:
 # The lifecycle lock (issue 13): one flock on the head, taken by everything that starts, stops or changes the pair
 # ---------------------------------------------------------------------------------------------------------------
 
-DEFAULT_CONTROL_DIR = layout.current().control_dir  # root-only (0700), made by roles vllm_runtime and vllm_service
-DEFAULT_LOCK_FILE = f"{DEFAULT_CONTROL_DIR}/pair.lock"
+DEFAULT_LOCK_FILE = layout.current().pair_lock  # in the root-only (0700) control directory
 DEFAULT_LOCK_TIMEOUT_S = 120.0
 MAX_HOLDER_BYTES = 4096
 
@@ -384,26 +390,11 @@ def put_back(done: Sequence[tuple[str, str]], plan: Sequence[tuple[str, str]] = 
     return tuple((rank, "start") for rank in left)
 
 
-def key_problem(mode: int, owner_uid: int, caller_uid: int, path: str) -> str | None:
-    """Why ssh would refuse the guard's private key (its st_mode and owner), with the fix; None when it would not.
-
-    ssh ignores a private key that its group or others may read or write ("UNPROTECTED PRIVATE KEY FILE"), and one
-    not owned by the user running it; a restart that depends on that key could then stop the head and never reach
-    the worker."""
-    if owner_uid != caller_uid:
-        return (f"the guard's SSH key {path} is owned by uid {owner_uid}, not uid {caller_uid} who runs ssh: "
-                f"chown root:root {path} (ansible-playbook site.yml does)")
-    if mode & 0o077:
-        return (f"the guard's SSH key {path} has mode {mode & 0o777:04o}, which ssh refuses for a private key: "
-                f"chmod 600 {path} (ansible-playbook site.yml does)")
-    return None
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Pausing the guard: one marker file on the head, read by every guard run
 # ---------------------------------------------------------------------------------------------------------------
 
-DEFAULT_PAUSE_FILE = f"{DEFAULT_CONTROL_DIR}/pair-guard.paused"
+DEFAULT_PAUSE_FILE = layout.current().guard_pause
 GUARD_SERVICE = layout.current().unit_pair_guard
 
 
@@ -482,3 +473,332 @@ def remove_pause(path: str) -> Pause | None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return pause
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running the steps on the pair: preflight, the ordered steps, put-back, the wait until it serves
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def run_steps(pair: Pair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart") -> tuple[bool, str]:
+    """Carry out `steps` in order: the head through systemctl, the worker through its forced command.
+
+    Returns (ok, what was done). At the first step that fails (the worker unreachable, a systemctl or forced command
+    failing) it stops and puts back what this run stopped (`put_back`: worker, then head), so a failure
+    midway never leaves a rank down that was up before; the message says what was put back."""
+    done: list[tuple[str, str]] = []
+    for rank, verb in steps:
+        log(5, f"{what}: {'stopping' if verb == 'stop' else 'starting'} the {rank}")
+        problem = _step(pair, rank, verb)
+        if problem:
+            said = ", ".join(_done_words(done))
+            message = problem + (f" ({said})" if said else "")
+            back = put_back(done, steps)
+            if back:
+                message += "; " + _put_back(pair, back, what)
+            return False, message
+        done.append((rank, verb))
+    return True, ", ".join(_done_words(done)) or "nothing to do"
+
+
+def _done_words(done: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"{rank} {'stopped' if verb == 'stop' else 'started'}" for rank, verb in done]
+
+
+def _step(pair: Pair, rank: str, verb: str) -> str:
+    """One step; '' when it worked, else why not."""
+    try:
+        if rank == HEAD:
+            pair.head(verb)
+        elif pair.worker(verb) is None:
+            return f"the worker could not be reached to {verb} it"
+    except subprocess.CalledProcessError as exc:
+        return f"systemctl {verb} of the {rank} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}"
+    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+        return f"the {rank}'s {verb} failed: {exc}"
+    return ""
+
+
+def _put_back(pair: Pair, steps: Sequence[tuple[str, str]], what: str) -> str:
+    """Start again the ranks a failed run stopped; a line saying what came back and what could not."""
+    said = []
+    for rank, verb in steps:
+        log(4, f"{what} failed midway: putting back the {rank} (starting it again)")
+        problem = _step(pair, rank, verb)
+        said.append(f"could not start the {rank} again: {problem}" if problem else f"{rank} started again")
+    return "put back what this run stopped: " + ", ".join(said)
+
+
+def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
+    """Before any step: prove each one can run. '' when they can, else the cause and its fix (nothing touched).
+
+    The head's unit must be installed; where a step touches the worker, the guard's key must be one ssh accepts
+    and the worker must answer its forced command at one of its addresses. Stopping the head of a pair whose worker
+    cannot be reached would leave the pair down with no way to bring it back from here."""
+    if not steps:
+        return ""
+    load = pair.head_props().get("LoadState", "loaded")  # a stand-in that does not say is taken as installed
+    if load != "loaded":
+        return (f"the head's {pair.unit} is not installed here (LoadState={load or 'unknown'}): "
+                "run ansible-playbook site.yml; nothing was stopped")
+    if not any(rank == WORKER for rank, _ in steps):
+        return ""
+    problem = guard_key_problem(getattr(pair, "ssh_key", None))
+    if problem:
+        return problem + "; nothing was stopped"
+    try:
+        state = pair.worker("state")
+    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
+        return f"the worker's forced command does not answer `state` ({exc}); nothing was stopped"
+    if state is None:
+        return (f"the worker does not answer over SSH at {', '.join(pair.worker_addresses)} with the guard's key: "
+                "check that it is up and its sshd runs (ssh -i <key> <user>@<worker> state on the head says why); "
+                "nothing was stopped")
+    return ""
+
+
+def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 worker_every_s: float = 5.0) -> tuple[bool, str]:
+    """Wait until the head answers a generation; gives up early when a rank's unit leaves `active`.
+
+    Polls every `poll_s` (a refused or unready head API answers at once, so a short poll costs little and finds
+    the pair serving sooner); the head's unit is read each poll (local), the worker's every `worker_every_s` (one
+    SSH round trip each)."""
+    started = clock()
+    deadline = started + ready_timeout_s
+    next_note = started
+    next_worker = started
+    worker_state: str | None = "active"
+    while True:
+        head_state = pair.head_props().get("ActiveState", "unknown")
+        if clock() >= next_worker:
+            worker_state = pair.worker("state")
+            next_worker = clock() + worker_every_s
+        if head_state not in ("active", "activating") or worker_state not in ("active", "activating"):
+            return False, (f"a rank left active while starting (head {head_state}, "
+                           f"worker {worker_state or 'unreachable'}); see journalctl -u twinspark-vllm -n 120 on "
+                           "both nodes")
+        probe, detail = pair.probe(probe_timeout_s)
+        waited = clock() - started
+        if probe is Probe.OK:
+            return True, f"serving again {waited:.0f} s after the head started ({detail})"
+        if clock() >= deadline:
+            return False, f"not serving {ready_timeout_s:.0f} s after the head started ({detail})"
+        if clock() >= next_note:
+            log(6, f"waiting for the pair: {waited:.0f} s of {ready_timeout_s:.0f} s ({detail})")
+            next_note = clock() + 30
+        sleep(poll_s)
+
+
+def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
+                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                    ) -> tuple[bool, str]:
+    """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
+
+    Returns (ok, what happened). Gives up early when a rank's unit leaves `active` while waiting.
+    """
+    ok, done = run_steps(pair, RESTART_STEPS)
+    if not ok:
+        return False, done
+    return wait_serving(pair, ready_timeout_s, probe_timeout_s, poll_s, clock, sleep)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Start, stop, restart, pause: what `twinspark pair start|stop|restart|pause` do, under the lock
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def drain_timeout(args: argparse.Namespace) -> float:
+    return float(getattr(args, "drain_timeout", drain.DEFAULT_IDLE_TIMEOUT_S))
+
+
+def _who() -> str:
+    return os.environ.get("SUDO_USER") or os.environ.get("USER") or f"uid {os.getuid()}"
+
+
+def stop_guard_run(timeout_s: float = 150.0) -> str:
+    """End a guard run in progress (it may be in the middle of an ordered restart); '' or why it could not."""
+    try:
+        out = subprocess.run(["systemctl", "stop", GUARD_SERVICE], capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"systemctl stop {GUARD_SERVICE}: {exc}"
+    if out.returncode not in (0, 5):  # 5: no such unit (the guard is not installed here)
+        return f"systemctl stop {GUARD_SERVICE}: exit {out.returncode}: {out.stderr.strip()}"
+    return ""
+
+
+def pause_guard(path: str, reason: str, expires_in_s: float | None = None) -> int:
+    if expires_in_s is not None and expires_in_s <= 0:
+        log(3, f"pair pause: --expires-in must be a number of seconds above 0 (got {expires_in_s:g})")
+        return 2
+    try:
+        write_pause(path, reason, _who(), expires_in_s)
+    except OSError as exc:
+        log(3, f"pair pause: cannot write {path} ({exc.strerror or exc}); run as root on the head, after site.yml")
+        return 2
+    problem = stop_guard_run()
+    if problem:
+        log(4, f"pair pause: the marker is written, so no new guard run acts, but a run in progress may still: "
+               f"{problem}")
+        return 1
+    now = time.time()
+    expires = None if expires_in_s is None else now + expires_in_s
+    log(5, f"pair guard {pause_line(Pause(reason, _who(), now, expires), now)}")
+    return 0
+
+
+def run_verb(args: argparse.Namespace, pair: Pair, verb: str) -> int:
+    """`twinspark pair start|stop|restart --no-wait`: the ordered steps under the lifecycle lock."""
+    what = f"twinspark pair {verb}"
+    if verb == "stop":  # an operator's stop must stay stopped: the guard would otherwise restart the pair at once
+        code = pause_guard(args.pause_file, args.reason or f"the pair was stopped ({what})")
+        if code == 2:
+            return code
+    result: dict[str, object] = {"verb": verb, "ok": False}
+    try:
+        with lifecycle_lock(args.lock_file, what, args.lock_timeout):
+            if verb == "start":
+                head_state = pair.head_props().get("ActiveState") or "unknown"
+                worker_state = pair.worker("state")
+                result.update(head_state=head_state, worker_state=worker_state)
+                if worker_state is None:
+                    raise RuntimeError("the worker cannot be reached over SSH: its rank can be neither checked nor "
+                                       "started, and the head alone would hang in the rendezvous")
+                plan = steps(verb, head_state, worker_state)
+            else:
+                plan = steps(verb)
+            problem = preflight(pair, plan) if verb != "stop" else ""
+            if problem:
+                raise RuntimeError(problem)
+
+            def work() -> drain.WorkResult:
+                ok, done = run_steps(pair, plan, what)
+                result.update(steps=[f"{rank} {step}" for rank, step in plan], done=done,
+                              worker_reached=ok or "worker could not be reached" not in done)
+                waited = ok and verb != "stop" and not args.no_wait
+                if waited:
+                    ok, done = wait_serving(pair, args.ready_timeout, args.probe_timeout)
+                    result["serving"] = done
+                result["ok"] = ok
+                return drain.WorkResult(served=ok and waited)
+
+            # nothing to do (a start of a serving pair) touches nothing, so it leaves the router alone
+            _, said = drain.drained(router_of(pair) if plan else None, work, log, lambda: pair.metrics(),
+                                    drain_timeout(args), stopping=verb == "stop")
+            if said:
+                result["router"] = said
+    except LockBusy as exc:
+        result["error"] = str(exc)
+    except LockError as exc:
+        log(3, str(exc))
+        return 2
+    except (subprocess.SubprocessError, RuntimeError) as exc:
+        result["error"] = f"{what}: {exc}"
+    if verb != "stop":
+        pause = read_pause(args.pause_file)
+        if pause is not None:
+            result["guard"] = pause_line(pause, time.time())
+            log(5, f"note: the pair guard is {result['guard']}; `twinspark pair resume` once it should watch again")
+    if args.json:
+        print(json.dumps(result, indent=1))
+    if result.get("error"):
+        log(3, str(result["error"]))
+    elif not result["ok"]:
+        log(3, f"{what}: {result.get('serving') or result.get('done')}")
+    else:
+        log(5, f"{what}: {result.get('serving') or result.get('done')}")
+    return 0 if result["ok"] else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kick as a rank's unit sends it: now, or once its main process ends
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def kick_now(targets: Sequence[tuple[str, int]]) -> int:
+    state = system_state()
+    if not should_kick(state):
+        log(6, f"pair kick: not sent, this node is shutting down (systemd: {state}); the guard's timer looks")
+        return 0
+    problems = kick(targets)
+    for problem in problems:
+        log(4, f"pair kick: {problem}; the guard's timer still looks within its interval")
+    return 1 if problems else 0
+
+
+def unit_job(unit: str) -> str:
+    """`systemctl show -P Job UNIT`: '' when no job runs on it, 'unknown' when it cannot be asked (which counts as a
+    stop asked, so nothing is killed on a guess)."""
+    try:
+        out = subprocess.run(["systemctl", "show", "--property=Job", "--value", unit], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool, unit: str | None = None) -> int:
+    """Kick the moment process `pid` (the rank's main process: the unit's $MAINPID, from ExecStartPost=) ends.
+
+    The unit's own ExecStopPost= kick comes only once systemd has stopped the rank's leftover processes, which a
+    killed or crashed rank leaves behind and which outlive SIGTERM (up to TimeoutStopSec=); this one comes at
+    once, however the main process ended. With `detach`, the command returns at once (ExecStartPost= must end
+    for the start to finish) and a child in the unit's own cgroup watches; it ignores SIGTERM, so that a stop of
+    the rank, which signals every process of the unit, still gets its kick once the main process is gone."""
+    if pid <= 0:
+        log(3, f"pair kick: --watch-pid {pid}: expected the rank's main PID ($MAINPID)")
+        return 2
+    if detach:
+        sys.stderr.flush()
+        if os.fork() > 0:
+            return 0
+        os.setsid()
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    code = 0
+    try:
+        seen = wait_exit(pid)
+        if seen in ("ended", "gone"):
+            log(6, f"pair kick: the rank's main process {pid} {seen}; waking the guard")
+            code = kick_now(targets)
+            if unit and not stop_asked(unit_job(unit)):
+                # Killed, crashed or exited after losing its peer: its leftovers would only wait out TimeoutStopSec=.
+                killed = finish_the_kill(unit, log)
+                if killed:
+                    log(5, f"pair kick: no stop was asked of {unit}; killed its {len(killed)} leftover process(es) "
+                           "now instead of after the stop timeout")
+        else:
+            log(4, f"pair kick: the rank's main process {pid}: {seen}; the unit's ExecStopPost= kick remains")
+    finally:
+        if detach:
+            sys.stderr.flush()
+            os._exit(code)
+    return code
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Does the pair need an ordered restart? (the serving role asks through its filter)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def restart_reasons(probes, flag_path="restart-pending", unit="the rank's unit"):
+    """Why the pair needs an ordered restart, one line per reason; empty when it does not.
+
+    `probes` is the registered result of a loop over the nodes (`item` = host name) of twinspark_probe reading the
+    rank's unit (`unit`, twinspark_layout_unit_vllm) and the restart flag (`flag_path`). A node whose answer lacks
+    either counts as needing the restart, never as fine.
+    """
+    reasons = []
+    for result in probes.get("results", []):
+        state = ((result.get("units") or {}).get(unit) or {}).get("active") or "unknown"
+        if state != "active":
+            reasons.append(f"{result['item']}: {unit} is {state}")
+    for result in probes.get("results", []):
+        flag = (result.get("paths") or {}).get(flag_path)
+        if flag is None or flag.get("exists"):
+            reasons.append(f"{result['item']}: {flag_path} (what vLLM runs changed)"
+                           if flag is not None else f"{result['item']}: {flag_path} could not be read")
+    return reasons

@@ -1,0 +1,230 @@
+"""The pair as the head sees it: its own rank's unit through systemctl, the worker's rank through its forced SSH
+command, the head's API through twinspark.api, and the fabric in sysfs and over one TCP connect.
+
+`Pair` is the one I/O class the guard and the lifecycle commands act through (tests stand in for it with the same
+methods); the rules that judge what it sees are pure and live in twinspark.guard_rules.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinspark import api as head_api
+from twinspark import drain, systemd
+from twinspark.fabric import sysfs
+from twinspark.guard_rules import (
+    FABRIC_PROBE_PORT,
+    UNIT,
+    Api,
+    GuardState,
+    Observation,
+    Policy,
+    Probe,
+    Sample,
+    active_for_s,
+    classify_probe,
+    connect_problem,
+    fabric_problem,
+    probe_plan,
+    sample_from_metrics,
+    track,
+    warm,
+    worker_status,
+)
+
+DEFAULT_SSH_KEY = "/etc/twinspark/pair-guard/id_ed25519"
+DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
+
+# What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2). `state-since`
+# is `state` with the rank's age; an older worker refuses it, and the guard then asks `state`.
+PEER_VERBS = ("state", "state-since", "stop", "start")
+
+
+def log(priority: int, message: str) -> None:
+    """One line to stderr; under systemd the `<N>` prefix sets the journal priority (3 error, 4 warning, 6 info)."""
+    prefix = f"<{priority}>" if os.environ.get("JOURNAL_STREAM") else ""
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Pair:
+    """The real pair: the head's unit through systemctl, the worker's through its forced SSH command, the API."""
+
+    api: Api
+    worker_addresses: Sequence[str]
+    ssh_user: str = "root"
+    ssh_key: str = DEFAULT_SSH_KEY
+    known_hosts: str = DEFAULT_KNOWN_HOSTS
+    ssh_timeout_s: float = 10.0
+    unit: str = UNIT
+    router: drain.Router | None = None  # the fleet's router, when the env files name one (twinspark.drain)
+    fabric_ifnames: Sequence[str] = ()  # this node's fabric interfaces (NCCL_SOCKET_IFNAME), read in sysfs
+    fabric_peer: str | None = None  # the worker's fabric address (WORKER_HOST), knocked on over TCP
+    class_net: Path = sysfs.CLASS_NET
+    fabric_port: int = FABRIC_PROBE_PORT
+    fabric_timeout_s: float = 1.5
+
+    # -- head (local) --
+    def head_props(self) -> dict[str, str]:
+        out = subprocess.run(systemd.show_argv(self.unit, ("ActiveState", "ActiveEnterTimestampMonotonic",
+                                                           "LoadState")),
+                             capture_output=True, text=True, timeout=30, check=False)
+        return systemd.parse_show(out.stdout)
+
+    def head(self, verb: str) -> None:
+        subprocess.run(["systemctl", verb, self.unit], check=True, timeout=120, capture_output=True, text=True)
+
+    # -- worker (SSH, forced command) --
+    def worker(self, verb: str) -> str | None:
+        """Run `verb` through the worker's forced command; its stdout, or None when no address answers."""
+        if verb not in PEER_VERBS:
+            raise ValueError(f"peer verb {verb!r} is not one of {', '.join(PEER_VERBS)}")
+        for address in self.worker_addresses:
+            argv = ["ssh", "-i", self.ssh_key, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                    "-o", f"ConnectTimeout={int(self.ssh_timeout_s)}", "-o", "StrictHostKeyChecking=yes",
+                    "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "LogLevel=ERROR",
+                    f"{self.ssh_user}@{address}", verb]
+            try:
+                out = subprocess.run(argv, capture_output=True, text=True, check=False,
+                                     timeout=self.ssh_timeout_s + 120)
+            except subprocess.TimeoutExpired:
+                log(4, f"worker {address}: `{verb}` timed out")
+                continue
+            if out.returncode == 255:  # ssh's own failure: try the next address
+                log(4, f"worker {address} unreachable over SSH: {out.stderr.strip() or 'no answer'}")
+                continue
+            if out.returncode != 0:
+                raise RuntimeError(f"worker {address}: `{verb}` failed (exit {out.returncode}): "
+                                   f"{out.stderr.strip() or out.stdout.strip()}")
+            return out.stdout.strip()
+        return None
+
+    def worker_status(self) -> tuple[str | None, float | None]:
+        """The worker's ActiveState and how long its rank has been active (None: unreachable, or an older forced
+        command that only says the state)."""
+        try:
+            text = self.worker("state-since")
+        except RuntimeError:  # an older forced command refuses the verb: ask what it knows
+            text = self.worker("state")
+            return text, None
+        if text is None:
+            return None, None
+        return worker_status(text)
+
+    # -- what a restart cannot cure --
+    def fabric(self) -> str | None:
+        """Why the fabric is down, in one line (None: up, or nothing to look at): this node's interfaces in sysfs,
+        then whether the peer's fabric address answers a TCP connect."""
+        links = []
+        for name in self.fabric_ifnames:
+            try:
+                links.append(sysfs.read_link(name, self.class_net, addresses=lambda _name: []))
+            except (OSError, ValueError, sysfs.SysfsError) as exc:
+                log(4, f"pair guard: cannot look at fabric interface {name} ({exc}); judging without it")
+        local = fabric_problem(links, None)
+        if local or not self.fabric_peer:
+            return local
+        return fabric_problem((), peer_problem(self.fabric_peer, self.fabric_port, self.fabric_timeout_s))
+
+    def exec_start(self) -> str:
+        """The head's rank unit's ExecStart, as `systemctl show` says it ('' when it cannot be asked)."""
+        try:
+            out = subprocess.run(["systemctl", "show", self.unit, "--property=ExecStart", "--value"],
+                                 capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout if out.returncode == 0 else ""
+
+    # -- the API --
+    def probe(self, timeout_s: float) -> tuple[Probe, str]:
+        """Ask the head's API the health tools' questions (twinspark.health.gather) and classify the answers."""
+        results = head_api.gather(self.api.url, self.api.served_name, self.api.api_key, timeout_s, ca=self.api.ca)
+        return classify_probe(results, self.api, timeout_s)
+
+    def metrics(self, timeout_s: float = 10.0) -> dict[str, object]:
+        """The head's /metrics, summarised (running and waiting requests: what the drain waits on)."""
+        return head_api.read_metrics(self.api.url, timeout_s, ca=self.api.ca)
+
+    def sample(self, timeout_s: float) -> Sample:
+        """One reading of the head's /metrics (no key needed: vLLM serves it outside /v1)."""
+        return sample_from_metrics(head_api.read_metrics(self.api.url, timeout_s, ca=self.api.ca), time.time())
+
+    def observe(self, probe_timeout_s: float, policy: Policy | None = None,
+                state: GuardState | None = None) -> Observation:
+        """Both units, then (both active) /metrics, the one-token probe with the timeout `probe_plan` gives, and
+        /metrics again after a probe that timed out. Without a policy: the units and the probe only."""
+        props = self.head_props()
+        head_state = props.get("ActiveState") or "unknown"
+        worker_state, worker_for = self.worker_status()
+        active_for = active_for_s(props, time.monotonic())
+        probe, detail = Probe.SKIPPED, ""
+        samples: list[Sample] = []
+        if head_state == "active" and worker_state == "active":
+            timeout: float | None = probe_timeout_s
+            if policy is not None:
+                state = state or GuardState()
+                samples.append(self.sample(policy.metrics_timeout_s))
+                is_warm = warm(state.served_at, active_for, time.time())
+                timeout = probe_plan(samples[0], track(state.progress, samples, policy), is_warm, policy,
+                                     probe_timeout_s)
+            if timeout is not None:
+                probe, detail = self.probe(timeout)
+                if probe is Probe.TIMEOUT and policy is not None:
+                    samples.append(self.sample(policy.metrics_timeout_s))
+        # Only a pair that does not serve needs the look (and the worker's sshd sees no connect from a healthy one).
+        fabric = self.fabric() if probe is not Probe.OK else None
+        return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples),
+                           worker_active_for_s=worker_for, fabric_down=fabric)
+
+
+def peer_problem(address: str, port: int, timeout_s: float) -> str | None:
+    """Knock on the peer's fabric address over TCP (the guard's unit may open no raw socket, so no ping): None when
+    it answered (connected or refused), else why not."""
+    error: OSError | None = None
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        error = exc
+    return connect_problem(address, port, error, timeout_s)
+
+
+def key_problem(mode: int, owner_uid: int, caller_uid: int, path: str) -> str | None:
+    """Why ssh would refuse the guard's private key (its st_mode and owner), with the fix; None when it would not.
+
+    ssh ignores a private key that its group or others may read or write ("UNPROTECTED PRIVATE KEY FILE"), and one
+    not owned by the user running it; a restart that depends on that key could then stop the head and never reach
+    the worker."""
+    if owner_uid != caller_uid:
+        return (f"the guard's SSH key {path} is owned by uid {owner_uid}, not uid {caller_uid} who runs ssh: "
+                f"chown root:root {path} (ansible-playbook site.yml does)")
+    if mode & 0o077:
+        return (f"the guard's SSH key {path} has mode {mode & 0o777:04o}, which ssh refuses for a private key: "
+                f"chmod 600 {path} (ansible-playbook site.yml does)")
+    return None
+
+
+def guard_key_problem(key: str | None) -> str | None:
+    """Why ssh would not use the guard's private key (missing, unreadable, a mode or owner it refuses), with the fix;
+    None when it would, or when there is no key to look at (a stand-in pair)."""
+    if not key:
+        return None
+    try:
+        info = os.stat(key)
+    except FileNotFoundError:
+        return f"the guard's SSH key {key} does not exist: ansible-playbook site.yml makes it"
+    except OSError as exc:
+        return f"the guard's SSH key {key} cannot be looked at ({exc.strerror or exc}): run the guard as root"
+    return key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
+
+
+def router_of(pair: Pair) -> drain.Router | None:
+    """The pair's router; a pair-like object without one (a stand-in) has none, like a pair without a router."""
+    return getattr(pair, "router", None)
