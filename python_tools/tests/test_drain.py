@@ -363,3 +363,52 @@ def test_the_guard_does_not_wait_for_requests_on_a_pair_it_judged_broken(routed,
     cli.main(["pair", "guard", *routed["args"]])
     # one reading only: a wait would read again (and again) until --drain-timeout
     assert head.calls == ["router remove", "metrics", *STEPS, "router add"]
+
+
+# --- a drained pair comes back by itself -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("listing", "adding", "expected", "priority", "words", "posted"), [
+    ((200, '{"urls": ["http://other:1"]}'), (200, "Successfully added"), True, 5, "put it back", 1),
+    ((200, '{"urls": ["http://p:1/"]}'), None, False, None, "", 0),
+    ((None, "ConnectionRefusedError"), None, None, 6, "cannot be reached", 0),
+    ((200, '{"urls": []}'), (401, "Unauthorized"), None, 4, "putting it back failed", 1),
+])
+def test_keep_in_adds_a_serving_pair_only_when_the_router_does_not_list_it(listing, adding, expected, priority,
+                                                                          words, posted):
+    said, posts = [], []
+    ref = drain.RouterRef("http://r:1", "http://p:1", "k")
+
+    def post(path, _timeout_s):
+        assert path == "/add_worker?url=http://p:1"
+        posts.append(path)
+        return adding
+
+    router = drain.Router(ref, post=post, get=lambda path, _t: listing if path == "/list_workers" else pytest.fail())
+    assert drain.keep_in(router, lambda p, m: said.append((p, m))) is expected
+    assert len(posts) == posted
+    if priority is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0][0] == priority and words in said[0][1], said
+    assert drain.keep_in(None, lambda p, m: pytest.fail("no router, nothing said")) is None
+
+
+def test_a_pair_left_out_by_a_failed_restart_goes_back_on_the_first_healthy_guard_run(routed, monkeypatch):
+    """The guard's restart did not serve (the pair stays out); the operator fixes the cause; the next guard run that
+    finds the pair serving puts it back, with no `twinspark pair rejoin`."""
+    monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))
+    head = routed["head"] = RoutedHead(head_state="failed", serves=False)
+    cli.main(["pair", "guard", *routed["args"]])
+    assert head.calls == ["router remove", "metrics", *STEPS]
+    head.listed = []  # the router dropped it, as the removal asked
+    head.calls.clear()
+    head.serves = True
+    head.observe = lambda probe_timeout_s, policy=None, state=None: rules.Observation(
+        "active", "active", Probe.OK, "one token", 60.0, ())
+    assert cli.main(["pair", "guard", *routed["args"]]) == 0
+    assert head.calls == ["router list_workers", "router add"]
+    head.listed = ["http://p:1"]
+    head.calls.clear()
+    assert cli.main(["pair", "guard", *routed["args"]]) == 0
+    assert head.calls == ["router list_workers"], "a listed pair is only looked at"

@@ -11,7 +11,8 @@ restart, `twinspark pair restart|start|stop`, and so the restart playbooks) goes
   3. the work (the ordered restart, or the stop);
   4. POST <router>/add_worker?url=<pair>, only when the work ended with the pair serving a generation (the existing
      one-token probe) and the guard has not given up on it. A stopped pair, a pair that does not serve, and a pair
-     the guard gave up on stay out; `twinspark pair rejoin` (after one more probe) puts such a pair back.
+     the guard gave up on stay out; the guard's next run that finds it serving puts it back (`keep_in`), and
+     `twinspark pair rejoin` (after one more probe) does the same at once.
 
 A router that cannot be reached, or that refuses the call, never blocks the pair: the operation says so in one line
 and goes on (a pair must stay restartable while the router is down; the router's own health checks then keep a
@@ -31,7 +32,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from twinspark import validate
+from twinspark import routerprobe, validate
 
 ROUTER_URL_ENV = "TWINSPARK_ROUTER_URL"
 PAIR_URL_ENV = "TWINSPARK_ROUTER_PAIR_URL"
@@ -145,16 +146,12 @@ class Router:
 
     def _http(self, method: str) -> Post:
         def send(path: str, timeout_s: float) -> tuple[int | None, str]:
-            from twinspark import routerprobe
-
             return routerprobe.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
 
         return send
 
     def listed(self) -> tuple[tuple[str, ...] | None, str]:
         """The router's worker URLs (None when it cannot be read), and a line saying why not."""
-        from twinspark import routerprobe
-
         status, body = self._get("/list_workers", ADMIN_TIMEOUT_S)
         urls = routerprobe.listed_from_answer(status, body)
         if urls is not None:
@@ -216,6 +213,32 @@ def keep_out(router: Router | None, log: Callable[[int, str], None]) -> bool | N
         return None
     log(4, f"drain: router {router.ref.url} listed the pair again (restarted since the pair left?), though the pair "
            "guard gave up on it; took it out again")
+    return True
+
+
+def keep_in(router: Router | None, log: Callable[[int, str], None]) -> bool | None:
+    """Put a serving pair back in the router's list when it is not there; True when it was out and is back, False
+    when it was listed already, None when the router could not be asked or refused.
+
+    A pair leaves the router when the guard restarts it or gives up on it, and stays out when it did not serve
+    afterwards. Once it serves again (the operator fixed the cause, or the pair healed by itself), the guard's next
+    healthy run calls this, so a drained pair comes back without `twinspark pair rejoin`. A router that cannot be
+    reached is said at info priority: the fleet's health reports the router itself."""
+    if router is None:
+        return None
+    listed, line = router.listed()
+    if listed is None:
+        log(6, f"drain: {line}")
+        return None
+    if router.ref.pair_url.rstrip("/") in {url.rstrip("/") for url in listed}:
+        return False
+    back, line = router.call("add")
+    if not back:
+        log(4, f"drain: the pair serves but is not in router {router.ref.url}'s list, and putting it back failed: "
+               f"{line}")
+        return None
+    log(5, f"drain: the pair serves again and was not in router {router.ref.url}'s list (drained while it did not "
+           f"serve); put it back: {line}")
     return True
 
 

@@ -183,6 +183,9 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
     code = 0
     if decision.action is Action.NONE:
         log(7, f"pair healthy: {decision.reason}")
+        # A pair drained while it did not serve (a failed restart, a give-up the operator has since repaired) goes
+        # back behind the router now that it serves; one read of the router's list otherwise.
+        drain.keep_in(router_of(pair), log)
     elif decision.action is Action.WAIT:
         log(4 if decision.verdict in (Verdict.UNKNOWN, Verdict.SUSPECT, Verdict.FABRIC_DOWN) else 6,
             f"pair {decision.verdict.value}: {decision.reason}")
