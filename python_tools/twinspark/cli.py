@@ -17,6 +17,8 @@ import sys
 # name -> (module that registers it, help shown by `twinspark --help`); the order is the order of --help.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("twinspark.bench", "concurrency sweep of streaming chat completions (TTFT, tok/s)"),
+    "doctor": ("twinspark.doctor.command",
+               "judge this node (or saved facts) against the failures Spark pairs hit; exit 0, 1 or 2"),
     "env": ("twinspark.envcli", "check env files, print defaults"),
     "settings": ("twinspark.envcli", "files generated from the knob registry"),
     "fabric": ("twinspark.fabric.commands", "the interconnect: GID index, port table, bandwidth benchmark"),

@@ -1,0 +1,608 @@
+"""Judging a node's facts (twinspark/doctor/collect.py) against the failures Spark pair owners report.
+
+Pure functions over plain data: the facts dict, the node's settings (env-file names and values, non-secret) and, for
+the pair, two facts dicts. Each rule has a stable finding id (CATALOGUE), a severity, the profiles it applies to
+and, where a later play of site.yml makes it true, that play: the preflight runs before them, so a finding such a
+play fixes does not stop it. Every finding names what is wrong and the fix. docs/DOCTOR.md is the prose of the same
+table.
+
+Severities: `stop` (the pair would not serve, or would stop serving: exit 2) and `warn` (it serves, worse: exit 1).
+An id listed in TWINSPARK_DOCTOR_ACK (twinspark_doctor_ack) is still reported, marked acknowledged, and no longer
+counts for the exit code or the preflight; a fact the node cannot know yet is reported as `later`, never as a
+finding.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+from twinspark.fabric import gid as gid_rules
+from twinspark.fabric import links, selector
+from twinspark.fabric.sysfs import GidEntry, PortInfo
+from twinspark.health.checks import DISK_DEGRADED_BYTES, DISK_FAILED_BYTES, FABRIC_MTU
+
+STOP = "stop"
+WARN = "warn"
+EXIT_CODES = {STOP: 2, WARN: 1}
+ACK_ENV = "TWINSPARK_DOCTOR_ACK"
+
+FABRIC_PLAY = "playbooks/fabric.yml"
+DRIVERS_PLAY = "playbooks/drivers.yml"
+
+# Kernels whose NCCL init fails with ibv_reg_mr_iova2 ENOMEM on DGX OS (CMA shows 0), and the boot option that
+# avoids it.
+ENOMEM_KERNELS = re.compile(r"7\.0\.0-(1019|31)(?!\d)")
+ENOMEM_BOOT_OPTION = "kho=off"
+# A direct Spark-to-Spark QSFP cable links each twin netdev at 200G.
+FABRIC_SPEED_MBPS = 200_000
+# Beyond this the node's clock is not kept (NTP offsets are milliseconds), and the two ranks' logs, the pair guard's
+# expiring pauses and TLS validity start to disagree.
+CLOCK_OFFSET_BOUND_S = 0.5
+
+
+@dataclass(frozen=True)
+class Rule:
+    severity: str
+    profiles: tuple[str, ...]
+    summary: str
+    fixed_by: str = ""
+    """The site.yml play that makes this true on a node where it is not yet (the preflight runs before it)."""
+
+
+BOTH = ("gb10", "cpu")
+GB10 = ("gb10",)
+
+# The finding ids are a contract: the inventory acknowledges them by name (twinspark_doctor_ack) and docs/DOCTOR.md
+# documents each. Add new ones; never rename one.
+CATALOGUE: dict[str, Rule] = {
+    "kernel.cma-enomem": Rule(STOP, GB10, "kernel 7.0.0-1019 / 7.0.0-31 without kho=off: NCCL init fails (ENOMEM)"),
+    "pcie.link-degraded": Rule(STOP, GB10, "a ConnectX-7 function trained narrower or slower than it can"),
+    "pcie.fatal-error": Rule(STOP, GB10, "a fatal PCIe error on a ConnectX-7 function since boot"),
+    "rdma.twin-missing": Rule(STOP, GB10, "an RDMA device NCCL_IB_HCA names is not there (a twin port missing)"),
+    "rdma.port-down": Rule(STOP, GB10, "a selected RDMA port is not ACTIVE", FABRIC_PLAY),
+    "netdev.speed-low": Rule(STOP, GB10, "a fabric netdev links below 200G"),
+    "nccl.bundled": Rule(STOP, GB10, "vLLM would load its pip-bundled NCCL instead of the OS's"),
+    "nccl.missing": Rule(STOP, GB10, "VLLM_NCCL_SO_PATH names no library", DRIVERS_PLAY),
+    "fabric.interface-missing": Rule(STOP, BOTH, "the fabric interface (NCCL_SOCKET_IFNAME) does not exist"),
+    "fabric.address": Rule(STOP, BOTH, "the node's fabric address is not on its fabric interface", FABRIC_PLAY),
+    "fabric.mtu": Rule(WARN, BOTH, "a fabric interface without jumbo frames", FABRIC_PLAY),
+    "gid.unresolvable": Rule(STOP, GB10, "no RoCE v2 GID index the selected HCAs share", FABRIC_PLAY),
+    "gid.pinned-drift": Rule(STOP, GB10, "the pinned NCCL_IB_GID_INDEX is not the one this node resolves"),
+    "clock.unsynchronised": Rule(WARN, BOTH, "the clock is not synchronised"),
+    "clock.offset": Rule(WARN, BOTH, f"the clock is more than {CLOCK_OFFSET_BOUND_S} s off its time source"),
+    "memory.budget": Rule(STOP, GB10, "less memory available than GPU_MEMORY_UTILIZATION asks vLLM to take"),
+    "memory.desktop": Rule(WARN, GB10, "a desktop session holds unified memory"),
+    "earlyoom.running": Rule(WARN, BOTH, "earlyoom runs and kills vLLM under deep-context load", DRIVERS_PLAY),
+    "disk.low": Rule(WARN, BOTH, "under 10 GiB free for the model, caches or state"),
+    "disk.full": Rule(STOP, BOTH, "under 2 GiB free for the model, caches or state"),
+    "pair.kernel": Rule(WARN, BOTH, "the two nodes run different kernels"),
+    "pair.driver": Rule(WARN, GB10, "the two nodes run different NVIDIA drivers"),
+    "pair.nccl": Rule(STOP, GB10, "the two nodes would load different NCCL versions"),
+    "pair.mtu": Rule(STOP, BOTH, "the two nodes' fabric MTUs differ", FABRIC_PLAY),
+    "pair.clock": Rule(WARN, BOTH, f"the two clocks are more than {CLOCK_OFFSET_BOUND_S} s apart"),
+    "pair.firmware": Rule(WARN, GB10, "the two nodes' ConnectX firmware differs"),
+    "pair.os": Rule(WARN, BOTH, "the two nodes run different OS releases"),
+}
+
+# The settings the rules read (none of them secret): `twinspark doctor --collect` records them with the facts, so a
+# saved file can be judged anywhere.
+SETTINGS_READ = (
+    "TWINSPARK_PROFILE", "TWINSPARK_RUNTIME_FLAVOUR", "NODE_RANK", "MASTER_ADDR", "WORKER_HOST", "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_AUTO", "NCCL_IB_GID_INDEX",
+    "GID_MATCH_IP", "VLLM_NCCL_SO_PATH", "GPU_MEMORY_UTILIZATION", ACK_ENV,
+)
+FABRIC_MTU_KEY = "fabric_mtu"
+"""Not a knob: the MTU the fabric play sets (spark_fabric_mtu), which the preflight passes along."""
+
+
+class Found(NamedTuple):
+    """What a rule found: its id, what is wrong, the fix, and the play that fixes it when that differs from the
+    catalogue's (None: the catalogue's)."""
+
+    id: str
+    message: str
+    fix: str
+    fixed_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    host: str
+    message: str
+    fix: str
+    severity: str = ""
+    fixed_by: str = ""
+    acknowledged: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Later:
+    """A fact the node cannot know yet: reported, never judged."""
+
+    host: str
+    fact: str
+    why: str
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    later: list[Later]
+
+    def counted(self, preflight: bool = False) -> list[Finding]:
+        """The findings that count: not acknowledged and, before site.yml's plays (`preflight`), not fixed by one."""
+        return [f for f in self.findings if not f.acknowledged and not (preflight and f.fixed_by)]
+
+    def exit_code(self, preflight: bool = False) -> int:
+        return max((EXIT_CODES[f.severity] for f in self.counted(preflight)), default=0)
+
+    def stops(self, preflight: bool = False) -> list[Finding]:
+        return [f for f in self.counted(preflight) if f.severity == STOP]
+
+    def to_dict(self, preflight: bool = False) -> dict[str, object]:
+        return {"exit_code": self.exit_code(preflight),
+                "findings": [f.to_dict() for f in self.findings],
+                "later": [asdict(item) for item in self.later]}
+
+
+def acknowledged_ids(text: str) -> list[str]:
+    """The finding ids of a TWINSPARK_DOCTOR_ACK value (spaces or commas between them)."""
+    return [word for word in re.split(r"[\s,]+", text or "") if word]
+
+
+def unknown_ids(ids: Iterable[str]) -> list[str]:
+    return [i for i in ids if i not in CATALOGUE]
+
+
+def collector_options(env: Mapping[str, str], venv: str, state_dir: str, unit: str) -> dict[str, object]:
+    """What the collector is asked to look at on a node with these settings and this layout: the NCCL library
+    (gb10), the runtime venv, the model's and the state's filesystems, the rank's unit. The preflight (through the
+    twinspark_doctor_collect_args filter) and `twinspark doctor` on a node ask the same."""
+    model = env.get("MODEL", "")
+    return {"nccl_so": env.get("VLLM_NCCL_SO_PATH", "") if env.get("TWINSPARK_PROFILE") == "gb10" else None,
+            "venv": venv, "unit": unit,
+            "paths": {"model": model if model.startswith("/") else env.get("HF_HOME", state_dir), "state": state_dir}}
+
+
+def collector_argv(options: Mapping[str, object]) -> list[str]:
+    """The same options as collect.py's command line."""
+    argv = ["--venv", str(options["venv"]), "--unit", str(options["unit"])]
+    if options.get("nccl_so") is not None:
+        argv += ["--nccl-so", str(options["nccl_so"])]
+    for label, path in dict(options.get("paths") or {}).items():
+        argv += ["--path", f"{label}={path}"]
+    return argv
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+
+
+def _known(value: object) -> bool:
+    return value is not None and not (isinstance(value, Mapping) and "unavailable" in value)
+
+
+def _by_name(facts: Mapping) -> dict[str, Mapping]:
+    return {str(n.get("name")): n for n in facts.get("netdevs") or []}
+
+
+def _rdma(facts: Mapping) -> list[Mapping] | None:
+    value = facts.get("rdma")
+    return list(value) if isinstance(value, list) else None
+
+
+def _ports(facts: Mapping) -> list[PortInfo]:
+    """The facts' RDMA ports in the GID rules' own shape (twinspark.fabric.gid), with each netdev's MTU."""
+    mtus = {name: n.get("mtu") for name, n in _by_name(facts).items()}
+    ports = []
+    for device in _rdma(facts) or []:
+        for port in device.get("ports") or []:
+            netdev = port.get("netdev")
+            gids = tuple(GidEntry(int(g["index"]), g.get("gid"), g.get("type"), g.get("ndev"))
+                         for g in port.get("gids") or [])
+            ports.append(PortInfo(str(device["device"]), int(port["port"]), port.get("state"),
+                                  port.get("link_layer"), gids, netdev, mtus.get(netdev)))
+    return ports
+
+
+def _selected_ports(facts: Mapping, env: Mapping[str, str]) -> list[PortInfo]:
+    parsed = selector.parse_selector(env.get("NCCL_IB_HCA", ""))
+    return [p for p in _ports(facts) if selector.selects(parsed, p.device, p.port)]
+
+
+def fabric_netdevs(facts: Mapping, env: Mapping[str, str]) -> list[str]:
+    """The netdevs serving traffic crosses: NCCL's socket interface and, on gb10, the netdevs of the HCAs
+    NCCL_IB_HCA selects (both twins of the port)."""
+    names = links.fabric_ifnames(env)
+    if env.get("TWINSPARK_PROFILE") == "gb10":
+        names += [p.netdev for p in _selected_ports(facts, env) if p.netdev]
+    return list(dict.fromkeys(names))
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _speed_gts(text: str | None) -> float | None:
+    match = re.match(r"\s*([0-9.]+)\s*GT/s", text or "")
+    return float(match.group(1)) if match else None
+
+
+# ----------------------------------------------------------------------------------------------------- node rules
+# Each: (facts, settings) -> [Found].
+
+
+def kernel_cma_enomem(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    kernel = str(facts.get("kernel") or "")
+    if not ENOMEM_KERNELS.match(kernel) or ENOMEM_BOOT_OPTION in str(facts.get("cmdline") or "").split():
+        return []
+    return [Found(
+        "kernel.cma-enomem",
+        f"kernel {kernel} without {ENOMEM_BOOT_OPTION} on its command line: NCCL init fails with ibv_reg_mr_iova2 "
+        "ENOMEM (CMA shows 0), so the pair never starts",
+        f"add {ENOMEM_BOOT_OPTION} to the kernel command line (GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, "
+        "update-grub, reboot), or boot the 6.17 kernel")]
+
+
+def pcie_links(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    found = []
+    for function in facts.get("pcie") or []:
+        cap, sta = function.get("lnkcap") or {}, function.get("lnksta") or {}
+        narrower = cap.get("width") and sta.get("width") is not None and sta["width"] < cap["width"]
+        cap_speed, sta_speed = _speed_gts(cap.get("speed")), _speed_gts(sta.get("speed"))
+        slower = cap_speed and sta_speed is not None and sta_speed < cap_speed
+        where = f"ConnectX function {function.get('address')} ({', '.join(function.get('netdevs') or []) or '-'})"
+        if narrower or slower:
+            found.append(Found(
+                "pcie.link-degraded",
+                f"{where} trained at x{sta.get('width')} {sta.get('speed')} but can do x{cap.get('width')} "
+                f"{cap.get('speed')}: that twin port's bandwidth is cut",
+                "power the node off and on (a cold boot retrains the link); if it stays degraded, have the "
+                "ConnectX-7 serviced"))
+        if function.get("aer_fatal"):
+            found.append(Found(
+                "pcie.fatal-error",
+                f"{where} logged {function['aer_fatal']} fatal PCIe error(s) since boot; such errors have "
+                "soft-locked a Spark head",
+                "read `journalctl -k | grep -i aer`, then power the node off and on before serving; if it recurs, "
+                "have the ConnectX-7 serviced"))
+    return found
+
+
+def rdma_devices(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    devices = _rdma(facts)
+    if devices is None:
+        return []
+    parsed = selector.parse_selector(env.get("NCCL_IB_HCA", ""))
+    present = sorted(str(d.get("device")) for d in devices)
+    found = []
+    missing = [t.name for t in parsed.tokens
+               if not any(d == t.name if parsed.exact else d.startswith(t.name) for d in present)]
+    if missing and not parsed.exclude:
+        found.append(Found(
+            "rdma.twin-missing",
+            f"NCCL_IB_HCA names {', '.join(t.name for t in parsed.tokens)} but {', '.join(missing)} is not there "
+            f"(present: {', '.join(present) or 'none'}): a twin PCIe function of the port did not come up, so the "
+            "link runs at half bandwidth or not at all",
+            "power the node off and on; look for the missing function with `ibdev2netdev` and `lspci | grep "
+            "Mellanox`; correct twinspark_nccl_ib_hca if this node's names differ"))
+    by_name = _by_name(facts)
+    for port in _selected_ports(facts, env):
+        if port.state in (None, gid_rules.ACTIVE_STATE):
+            continue
+        netdev = by_name.get(port.netdev or "", {})
+        if netdev.get("admin_up") is False:
+            found.append(Found("rdma.port-down", f"RDMA port {port.label} is {port.state}: {port.netdev} is "
+                                                 "administratively down",
+                               "playbooks/fabric.yml brings the fabric interfaces up"))
+            continue
+        why = f"{port.netdev or 'its netdev'} has no carrier" if netdev.get("carrier") is False else "no link"
+        found.append(Found("rdma.port-down", f"RDMA port {port.label} is {port.state}: {why}",
+                           "check the QSFP cable between the two nodes (`ibstat`, `ethtool` on the netdev)",
+                           fixed_by=""))  # a cable or the peer: no play fixes that
+    return found
+
+
+def fabric_links(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    by_name = _by_name(facts)
+    found = []
+    ifnames = links.fabric_ifnames(env)
+    for name in ifnames:
+        if name not in by_name:
+            found.append(Found(
+                "fabric.interface-missing",
+                f"fabric interface {name} (NCCL_SOCKET_IFNAME) does not exist on this node (it has "
+                f"{', '.join(sorted(by_name)) or 'none'})",
+                "set twinspark_nccl_socket_ifname for this host to its fabric netdev (`ibdev2netdev` names them on "
+                "a Spark)"))
+    own = env.get("VLLM_HOST_IP", "")
+    present = [name for name in ifnames if name in by_name]
+    on_fabric = [a for name in present for a in by_name[name].get("ipv4") or []]
+    if own and present and own not in on_fabric:
+        found.append(Found(
+            "fabric.address",
+            f"the node's fabric address {own} is not on {', '.join(present)} (has "
+            f"{', '.join(on_fabric) or 'no address'})",
+            "playbooks/fabric.yml puts twinspark_fabric_address on the fabric interface"))
+    wanted = int(env.get(FABRIC_MTU_KEY) or FABRIC_MTU)
+    for name in fabric_netdevs(facts, env):
+        mtu = by_name.get(name, {}).get("mtu")
+        if mtu is not None and mtu < wanted:
+            found.append(Found(
+                "fabric.mtu",
+                f"{name} has MTU {mtu}, not {wanted}: without jumbo frames NCCL's bus bandwidth drops to a "
+                "fraction (about 3 GB/s at 1500)",
+                f"playbooks/fabric.yml sets MTU {wanted} (spark_fabric_mtu) on every fabric interface"))
+        speed = by_name.get(name, {}).get("speed_mbps")
+        if speed is not None and speed < FABRIC_SPEED_MBPS:
+            found.append(Found(
+                "netdev.speed-low",
+                f"{name} links at {speed // 1000}G, below the {FABRIC_SPEED_MBPS // 1000}G of a direct Spark cable",
+                f"check the cable and both ends (`ethtool {name}`); a 100G cable or a degraded port halves the "
+                "fabric"))
+    return found
+
+
+def gid_index(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    """The launcher's own GID resolution (twinspark.fabric.gid) over the facts' ports and addresses."""
+    if _rdma(facts) is None:
+        return []
+    addresses = {name: list(n.get("ipv4") or []) for name, n in _by_name(facts).items()}
+    match = gid_rules.match_ip(env, lambda name: addresses.get(name, []))
+    hca = env.get("NCCL_IB_HCA", "")
+    try:
+        resolution = gid_rules.choose_index(hca, gid_rules.select_members(hca, _ports(facts)), match or None,
+                                            addresses)
+    except gid_rules.GidResolutionError as error:
+        return [Found("gid.unresolvable", f"the launcher's GID resolution fails: {error}",
+                      "playbooks/fabric.yml gives the fabric netdevs their addresses; if it did, fix NCCL_IB_HCA")]
+    pinned = env.get("NCCL_IB_GID_INDEX", "")
+    if env.get("NCCL_IB_GID_AUTO") == "0" and pinned and int(pinned) != resolution.index:
+        return [Found(
+            "gid.pinned-drift",
+            f"NCCL_IB_GID_INDEX is pinned to {pinned} with NCCL_IB_GID_AUTO=0, but this node's RoCE v2 GID for "
+            f"{match or 'its addresses'} is index {resolution.index} now (indexes move after reboots): NCCL init "
+            "would wedge",
+            f"set twinspark_nccl_ib_gid_auto: 1 (the launcher resolves it at every start), or pin "
+            f"{resolution.index} for this host")]
+    return []
+
+
+def nccl_library(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    nccl = facts.get("nccl") or {}
+    wanted = env.get("VLLM_NCCL_SO_PATH", "")
+    if not wanted or nccl.get("source") == "bundled":
+        shown = nccl.get("resolved") or nccl.get("path") or "the runtime venv's nvidia-nccl wheel"
+        return [Found(
+            "nccl.bundled",
+            f"vLLM would load its pip-bundled NCCL ({shown}): on Spark pairs it has hung TP=2 after 20-30 minutes "
+            "under load, while the OS's libnccl of the same version did not",
+            "set twinspark_vllm_nccl_so_path to the OS library (the gb10 default, from package libnccl2, which the "
+            "nvidia_driver role installs)")]
+    if nccl.get("exists") is False:
+        return [Found("nccl.missing", f"VLLM_NCCL_SO_PATH is {wanted}, which does not exist on this node",
+                      "playbooks/drivers.yml installs libnccl2 (nvidia_driver_nccl_install); otherwise point "
+                      "twinspark_vllm_nccl_so_path at the library")]
+    return []
+
+
+def clock_state(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    clock = facts.get("clock")
+    if not _known(clock):
+        return []
+    found = []
+    if clock.get("synchronised") is False:
+        found.append(Found("clock.unsynchronised", f"the clock is not synchronised ({clock.get('source')})",
+                           "enable time synchronisation (systemd-timesyncd or chrony) against the same source on "
+                           "both nodes"))
+    offset = clock.get("offset_s")
+    if offset is not None and abs(float(offset)) > CLOCK_OFFSET_BOUND_S:
+        found.append(Found(
+            "clock.offset",
+            f"the clock is {float(offset):+.3f} s off its time source ({clock.get('source')}), more than "
+            f"{CLOCK_OFFSET_BOUND_S} s",
+            "check the time daemon (`chronyc tracking` or `timedatectl timesync-status`) and its servers"))
+    return found
+
+
+def memory_state(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    found = []
+    total, available = facts.get("memory_total_bytes"), facts.get("memory_available_bytes")
+    serving = facts.get("serving") or {}
+    utilisation = env.get("GPU_MEMORY_UTILIZATION", "")
+    if total and available is not None and utilisation and serving.get("running") is not True:
+        wanted = float(utilisation) * int(total)
+        if available < wanted:
+            found.append(Found(
+                "memory.budget",
+                f"vLLM would refuse to start: GPU_MEMORY_UTILIZATION {utilisation} asks for {_gib(wanted)} of "
+                f"{_gib(int(total))} unified memory, but only {_gib(available)} is available (a unified-memory "
+                "node that runs out is hard-reset, not OOM-killed)",
+                "stop what holds the memory (a desktop session: systemctl stop gdm3; other GPU jobs), or lower "
+                "twinspark_gpu_memory_utilization (`twinspark plan` shows what still fits)"))
+    if facts.get("desktop"):
+        found.append(Found("memory.desktop", f"a desktop session runs ({', '.join(facts['desktop'])}) and holds "
+                                             "unified memory the serving rank may need",
+                           "systemctl disable --now gdm3 (the recipe stopped it on both nodes)"))
+    return found
+
+
+def hygiene(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    found = []
+    if (facts.get("earlyoom") or {}).get("running"):
+        found.append(Found("earlyoom.running", "earlyoom is running: it kills vLLM under deep-context load",
+                           "playbooks/drivers.yml (role node_hygiene) disables it"))
+    for label, disk in (facts.get("disk_free_bytes") or {}).items():
+        free = disk.get("free_bytes")
+        if free is None:
+            continue
+        where = f"{disk.get('path')} ({label}, on the filesystem of {disk.get('checked')}): {_gib(free)} free"
+        fix = "free space there (old JIT caches, unused model revisions) or move the directory to a larger disk"
+        if free < DISK_FAILED_BYTES:
+            found.append(Found("disk.full", where, fix))
+        elif free < DISK_DEGRADED_BYTES:
+            found.append(Found("disk.low", where, fix))
+    return found
+
+
+NODE_RULES: tuple[Callable[[Mapping, Mapping[str, str]], list[Found]], ...] = (
+    kernel_cma_enomem, pcie_links, rdma_devices, fabric_links, gid_index, nccl_library, clock_state,
+    memory_state, hygiene,
+)
+
+# Facts whose absence is "not yet known" rather than a finding, per profile.
+LATER_FACTS = {"gb10": ("driver_version", "gpu_name", "nccl", "rdma", "clock", "serving"),
+               "cpu": ("clock", "serving")}
+
+
+# ----------------------------------------------------------------------------------------------------- pair rules
+
+
+def _fabric_mtu(facts: Mapping, env: Mapping[str, str]) -> int | None:
+    by_name = _by_name(facts)
+    mtus = [by_name[name].get("mtu") for name in links.fabric_ifnames(env) if name in by_name]
+    return min((m for m in mtus if m is not None), default=None)
+
+
+def _nccl_version(facts: Mapping) -> str | None:
+    nccl = facts.get("nccl") or {}
+    return nccl.get("version") if _known(nccl) else None
+
+
+def _firmware(facts: Mapping) -> str | None:
+    versions = sorted({str(d.get("fw_ver")) for d in _rdma(facts) or [] if d.get("fw_ver")})
+    return ", ".join(versions) or None
+
+
+def _os(facts: Mapping) -> str | None:
+    release = facts.get("os_release")
+    return f"{release.get('ID', '?')} {release.get('VERSION_ID', '?')}" if _known(release) else None
+
+
+def _offset(facts: Mapping) -> float | None:
+    clock = facts.get("clock")
+    return float(clock["offset_s"]) if _known(clock) and clock.get("offset_s") is not None else None
+
+
+def pair_rules(a: str, b: str, facts: Mapping[str, Mapping], envs: Mapping[str, Mapping[str, str]]) -> list[Found]:
+    """Compare the two nodes of a pair: kernel, driver, NCCL, fabric MTU, clock, firmware, OS."""
+    found = []
+
+    def differ(finding: str, what: str, read: Callable[[str], object], fix: str) -> None:
+        va, vb = read(a), read(b)
+        if va is not None and vb is not None and va != vb:
+            found.append(Found(finding, f"{what} differ: {a} {va}, {b} {vb}", fix))
+
+    differ("pair.kernel", "the kernels", lambda host: facts[host].get("kernel"),
+           "boot the same kernel on both nodes (DGX OS: apt full-upgrade on both, then reboot both)")
+    differ("pair.driver", "the NVIDIA drivers",
+           lambda host: facts[host].get("driver_version") if _known(facts[host].get("driver_version")) else None,
+           "install the same driver on both (nvidia_driver_mode=install pins one branch; DGX OS: upgrade both)")
+    differ("pair.nccl", "the NCCL versions vLLM would load", lambda host: _nccl_version(facts[host]),
+           "install the same libnccl2 on both (nvidia_driver_nccl_version pins one); NCCL ranks of different "
+           "versions can fail to connect or hang")
+    differ("pair.mtu", "the fabric MTUs", lambda host: _fabric_mtu(facts[host], envs[host]),
+           "playbooks/fabric.yml sets one MTU (spark_fabric_mtu) on both nodes; a mismatch drops every jumbo frame")
+    differ("pair.firmware", "the ConnectX firmware versions", lambda host: _firmware(facts[host]),
+           "flash both ConnectX-7s to the same firmware (DGX OS firmware updates, then reboot both)")
+    differ("pair.os", "the OS releases", lambda host: _os(facts[host]), "upgrade both nodes to the same release")
+    offset_a, offset_b = _offset(facts[a]), _offset(facts[b])
+    if offset_a is not None and offset_b is not None and abs(offset_a - offset_b) > CLOCK_OFFSET_BOUND_S:
+        found.append(Found("pair.clock", f"the two clocks are {abs(offset_a - offset_b):.3f} s apart ({a} "
+                                              f"{offset_a:+.3f} s, {b} {offset_b:+.3f} s off their sources), more than "
+                                              f"{CLOCK_OFFSET_BOUND_S} s",
+                                "synchronise both nodes against the same time source"))
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------- judging
+
+
+def settings_of(facts: Mapping, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings to judge with: those recorded in the facts (`twinspark doctor --collect`), overridden by `env`,
+    filled with the registry's defaults for the profile and rank."""
+    from twinspark import settings
+
+    given = {**dict(facts.get("settings") or {}), **{k: str(v) for k, v in (env or {}).items() if v is not None}}
+    profile = given.get("TWINSPARK_PROFILE") or "gb10"
+    rank = int(given["NODE_RANK"]) if given.get("NODE_RANK") in ("0", "1") else None
+    flavour = given.get("TWINSPARK_RUNTIME_FLAVOUR") or "stock"
+    return {**settings.load().defaults(profile, rank, flavour), **given}
+
+
+def _finding(found: Found, host: str, acked: Sequence[str]) -> Finding:
+    rule = CATALOGUE[found.id]
+    fixed_by = rule.fixed_by if found.fixed_by is None else found.fixed_by
+    return Finding(found.id, host, found.message, found.fix, rule.severity, fixed_by, found.id in acked)
+
+
+def judge_node(host: str, facts: Mapping, env: Mapping[str, str]) -> Report:
+    """Every rule of the node's profile over one node's facts and settings (settings_of)."""
+    profile = env.get("TWINSPARK_PROFILE", "gb10")
+    acked = acknowledged_ids(env.get(ACK_ENV, ""))
+    findings = [_finding(found, host, acked) for rule in NODE_RULES for found in rule(facts, env)
+                if profile in CATALOGUE[found.id].profiles]
+    later = [Later(host, name, str(facts[name]["unavailable"])) for name in LATER_FACTS.get(profile, ())
+             if isinstance(facts.get(name), Mapping) and "unavailable" in facts[name]]
+    return Report(findings, later)
+
+
+def judge_pair(facts: Mapping[str, Mapping], envs: Mapping[str, Mapping[str, str]]) -> Report:
+    """Both nodes' own rules, then the comparison; `facts` and `envs` are keyed by host (two of them)."""
+    findings: list[Finding] = []
+    later: list[Later] = []
+    for host in facts:
+        report = judge_node(host, facts[host], envs[host])
+        findings += report.findings
+        later += report.later
+    if len(facts) == 2:
+        a, b = list(facts)
+        profile = envs[a].get("TWINSPARK_PROFILE", "gb10")
+        acked = [i for host in (a, b) for i in acknowledged_ids(envs[host].get(ACK_ENV, ""))]
+        findings += [_finding(found, f"{a}+{b}", acked) for found in pair_rules(a, b, facts, envs)
+                     if profile in CATALOGUE[found.id].profiles]
+    return Report(findings, later)
+
+
+def unused_acknowledgements(report: Report, envs: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Acknowledged ids nothing was found for, per host: worth removing from the inventory."""
+    found = {(host, f.id) for f in report.findings for host in f.host.split("+")}
+    return [f"{host}: {finding}" for host, env in envs.items() for finding in acknowledged_ids(env.get(ACK_ENV, ""))
+            if (host, finding) not in found]
+
+
+# ----------------------------------------------------------------------------------------------------- output
+
+MARKS = {STOP: "STOP", WARN: "WARN"}
+
+
+def table(report: Report, preflight: bool = False) -> str:
+    """One line per finding (what, then `->` the fix), the facts not known yet, and a verdict line."""
+    lines = []
+    for f in sorted(report.findings, key=lambda f: (-EXIT_CODES[f.severity], f.host, f.id)):
+        if f.acknowledged:
+            mark = "ack"
+        elif preflight and f.fixed_by:
+            mark = "later"
+        else:
+            mark = MARKS[f.severity]
+        lines.append(f"{mark:<5}  {f.host}  {f.id}  {f.message}")
+        note = " (acknowledged in twinspark_doctor_ack; still true)" if f.acknowledged else \
+            f" (site.yml runs {f.fixed_by} after the preflight)" if preflight and f.fixed_by else ""
+        lines.append(f"{'':<5}  -> {f.fix}{note}")
+    for item in report.later:
+        lines.append(f"{'n/a':<5}  {item.host}  {item.fact}  not known yet: {item.why}")
+    code = report.exit_code(preflight)
+    verdict = {0: "CLEAN", 1: "WARNINGS", 2: "STOP"}[code]
+    counted = report.counted(preflight)
+    lines.append(f"{verdict}: {sum(f.severity == STOP for f in counted)} stop, "
+                 f"{sum(f.severity == WARN for f in counted)} warn, "
+                 f"{sum(f.acknowledged for f in report.findings)} acknowledged, {len(report.later)} not known yet "
+                 f"(exit {code})")
+    return "\n".join(lines)
