@@ -17,14 +17,12 @@ Layout read, relative to the root (default ``/sys/class/infiniband``)::
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from twinspark import safeio
+from twinspark.doctor.collect import ipv4_by_netdev
 from twinspark.fabric.links import LinkState
 
 DEFAULT_ROOT = Path("/sys/class/infiniband")
@@ -168,46 +166,9 @@ def read_ports(root: Path = DEFAULT_ROOT) -> list[PortInfo]:
 
 
 def netdev_ipv4(netdev: str) -> list[str]:
-    """The IPv4 addresses on a netdev of this network namespace, from the C library's getifaddrs(3).
-
-    No `ip` subprocess: iproute2 drops capabilities at start (capset), which a unit's `SystemCallFilter=~@privileged`
-    refuses, so inside the health timer's and the guard's sandboxes `ip` printed nothing and a healthy interface
-    looked missing. getifaddrs asks the kernel over netlink like `ip` does, and needs no privilege."""
+    """The IPv4 addresses on a netdev of this network namespace, from getifaddrs(3), which works inside a hardened
+    unit where `ip` does not (twinspark.doctor.collect.ipv4_by_netdev says why)."""
     return ipv4_by_netdev().get(netdev, [])
-
-
-class _SockaddrIn(ctypes.Structure):
-    _fields_ = [("family", ctypes.c_ushort), ("port", ctypes.c_uint16), ("addr", ctypes.c_uint8 * 4),
-                ("zero", ctypes.c_uint8 * 8)]
-
-
-class _Ifaddrs(ctypes.Structure):
-    pass
-
-
-_Ifaddrs._fields_ = [("next", ctypes.POINTER(_Ifaddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
-                     ("addr", ctypes.POINTER(_SockaddrIn)), ("netmask", ctypes.c_void_p),
-                     ("ifu", ctypes.c_void_p), ("data", ctypes.c_void_p)]
-
-
-def ipv4_by_netdev() -> dict[str, list[str]]:
-    """Every netdev's IPv4 addresses (primary first, as the kernel lists them); {} when getifaddrs fails."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    head = ctypes.POINTER(_Ifaddrs)()
-    if libc.getifaddrs(ctypes.byref(head)) != 0:
-        return {}
-    found: dict[str, list[str]] = {}
-    try:
-        entry = head
-        while entry:
-            item = entry.contents
-            if item.addr and item.addr.contents.family == socket.AF_INET:
-                name = item.name.decode("utf-8", errors="replace")
-                found.setdefault(name, []).append(socket.inet_ntop(socket.AF_INET, bytes(item.addr.contents.addr)))
-            entry = item.next
-    finally:
-        libc.freeifaddrs(head)
-    return found
 
 
 IFF_UP = 0x1
