@@ -35,6 +35,9 @@ def test_two_builds_of_the_same_sources_are_byte_identical(tmp_path):
     names = zipfile.ZipFile(first).namelist()
     assert "twinspark/patching.py" in names
     assert "twinspark/deleted_module.py" not in names, "a stale build/ folder leaked into the wheel"
+    assert (source / "python_tools" / "devtools" / "yardstick.py").is_file()
+    shipped = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert shipped == {"twinspark"}, f"only the twinspark package ships to the nodes, not {shipped - {'twinspark'}}"
 
     (source / "python_tools" / "twinspark" / "patching.py").write_text("# changed\n", encoding="utf-8")
     third = subprocess.run(

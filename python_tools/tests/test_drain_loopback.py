@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from twinspark import api, drain, routerdrill, routerprobe
+from devtools import routerdrill
+from twinspark import api, drain, routerprobe
 
 PYTHON = routerdrill.router_python()
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""The bench scripts' hold on the pair's playbook lock (twinspark.playbooklock): taken when free, refused in one
+"""The bench scripts' hold on the pair's playbook lock (devtools.playbooklock): taken when free, refused in one
 line when another process holds it for the whole wait or when it cannot be opened."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from twinspark import playbooklock
+from devtools import playbooklock
 
 
 def test_a_free_lock_is_taken_and_released_with_its_handle(tmp_path):

@@ -1,4 +1,4 @@
-"""The real vllm-router 0.1.17 on 127.0.0.1 in front of two handshaped pairs (twinspark.handshaped_openai).
+"""The real vllm-router 0.1.17 on 127.0.0.1 in front of two handshaped pairs (devtools.handshaped_openai).
 
 Skipped, with the reason, where vllm_router is not importable (make setup installs it from requirements-dev.txt).
 Assertions are about behaviour (answers, refusals, who takes traffic), never about wall-clock thresholds.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from twinspark import routerdrill, routerprobe
+from devtools import routerdrill
+from twinspark import routerprobe
 
 PYTHON = routerdrill.router_python()
 pytestmark = pytest.mark.skipif(

@@ -1,5 +1,5 @@
 """The per-task timing callback (callback_plugins/twinspark_timing.py) through a real ansible-playbook run on
-localhost, and what twinspark.taskprofile and scripts/bench/rerun-profile make of its record."""
+localhost, and what devtools.taskprofile and scripts/bench/rerun-profile make of its record."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import taskprofile
+from devtools import taskprofile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "scripts" / "bench" / "rerun-profile"

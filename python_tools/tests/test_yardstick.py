@@ -1,4 +1,4 @@
-"""scripts/bench/yardstick and its rules (twinspark.yardstick): the phase record, the table, the refusal, the
+"""scripts/bench/yardstick and its rules (devtools.yardstick): the phase record, the table, the refusal, the
 scratch ranks, and the script end to end against a handshaped nx (no node, no network)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import cli, nodeenv, yardstick
+from devtools import yardstick
+from twinspark import cli, nodeenv
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench" / "yardstick"

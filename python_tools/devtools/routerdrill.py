@@ -1,4 +1,4 @@
-"""Loopback drills with the real vllm-router 0.1.17 and two handshaped pairs (twinspark.handshaped_openai).
+"""Loopback drills with the real vllm-router 0.1.17 and two handshaped pairs (devtools.handshaped_openai).
 
 Everything listens on 127.0.0.1. `Drill` starts the key check, two backends (separate processes, so a SIGKILL is
 a real one) and the router through routerlaunch.py with the flags roles/router uses (`ROUTER_FLAGS`), then:
@@ -10,7 +10,8 @@ a real one) and the router through routerlaunch.py with the flags roles/router u
          restarted, and put back with /add_worker (which returns once the backend's /health answers): the path
          the fleet's restarts take. Expected: no failed request.
 
-`python -m twinspark.routerdrill` (or scripts/bench/router-failover) prints both drills' figures as JSON.
+scripts/bench/router-failover (or `python -m devtools.routerdrill` in python_tools/) prints both drills' figures as
+JSON.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import threading
 import time
 from pathlib import Path
 
-from twinspark import routerconf, routerprobe
+from twinspark import routerconf, routerlaunch, routerprobe
 
 HERE = Path(__file__).resolve().parent
-LAUNCHER = HERE / "routerlaunch.py"
+# Started as a script, as roles/router runs it on the router node.
+LAUNCHER = Path(routerlaunch.__file__).resolve()
 KEY = "drill-test-only-key"
 
 # The flags roles/router renders (routerconf.flags: policy, health checks, retries, circuit breaker).
@@ -96,7 +98,7 @@ class Drill:
 
     def start_backend(self, name: str) -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "twinspark.handshaped_openai", "--name", name, "--port", str(self.ports[name]),
+            [sys.executable, "-m", "devtools.handshaped_openai", "--name", name, "--port", str(self.ports[name]),
              "--key", KEY, "--delay-s", str(self.delay_s)],
             stdout=subprocess.PIPE, stderr=self._log(f"backend-{name}"), text=True,
             env={**os.environ, "PYTHONPATH": str(HERE.parent)})
@@ -113,9 +115,7 @@ class Drill:
         proc.wait(timeout=10)
 
     def __enter__(self) -> Drill:
-        from twinspark.routerlaunch import keycheck_server
-
-        self.keycheck = keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY])
+        self.keycheck = routerlaunch.keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY])
         threading.Thread(target=self.keycheck.serve_forever, daemon=True).start()
         for name in self.ports:
             self.start_backend(name)
