@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "stage the inventory's runtime, switch, restart, gate, roll back on failure (playbooks/upgrade.yml)"),
     "rollback": ("twinspark.frontdoor", "return both nodes to the previous runtime, once (playbooks/rollback.yml)"),
     "gpu": ("twinspark.gpu", "GPU facts from nvidia-smi"),
-    "health": ("twinspark.health", "check the pair's health (table, --json, --prom-file)"),
+    "health": ("twinspark.health.command", "check the pair's health (table, --json, --prom-file)"),
     "serve": ("twinspark.launcher", "start this node's vLLM rank from its env files (exec, no shell)"),
     "model": ("twinspark.model", "fetch, verify and describe model weights"),
     "route-check": ("twinspark.netguard",
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
               "(`make setup` on a controller), other commands are unaffected", file=sys.stderr)
         return 1
     args = parser.parse_args(argv)
+    args.argv = argv  # the words as typed, for a command that lays them over recorded defaults (`twinspark pair`)
     return int(args.func(args) or 0)
 
 

@@ -63,6 +63,7 @@ class Layout:
     unit_health_timer: str
     unit_firewall: str
     unit_firewall_watch: str
+    pair_args: str
     firewall_state: str
 
     @property

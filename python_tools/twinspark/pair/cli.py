@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import drain
+from twinspark import drain, envfile, layout
 from twinspark.guard_rules import (
     GuardState,
     Policy,
@@ -34,8 +35,6 @@ DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
 
 
 def _read_env(paths: Sequence[str]) -> dict[str, str]:
-    from twinspark import envfile
-
     read = envfile.read_files(paths)
     if read.refused:  # missing, unreadable, not UTF-8, or not a small regular file (a FIFO, /dev/zero)
         raise ValueError("; ".join(read.refused) + " (the guard runs as root; render the files with site.yml)")
@@ -268,10 +267,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the guard's pause marker (`twinspark pair pause`/`resume` write and remove it)")
         if not acts:
             return
+        sub.set_defaults(verb_parser=sub)  # re-parses recorded defaults when --worker is not given (_with_recorded)
         sub.add_argument("--env", action="append", default=None, metavar="FILE",
                          help="env file(s), later ones override earlier (default: serve.env then secrets.env)")
-        sub.add_argument("--worker", action="append", required=True, metavar="ADDRESS",
-                         help="the worker's address for SSH; repeat to try more (fabric first, then management)")
+        sub.add_argument("--worker", action="append", default=None, metavar="ADDRESS",
+                         help="the worker's address for SSH; repeat to try more (fabric first, then management). "
+                              "Without it, every option comes first from what site.yml recorded on the head "
+                              f"({layout.current().pair_args}), and the options given here win")
         sub.add_argument("--ssh-user", default="root")
         sub.add_argument("--ssh-key", default=DEFAULT_SSH_KEY)
         sub.add_argument("--known-hosts", default=DEFAULT_KNOWN_HOSTS)
@@ -367,8 +369,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     state.set_defaults(func=cmd_state)
 
 
+# Options that may repeat: one given on the command line replaces every recorded one (the others just come later).
+REPEATED = ("--worker", "--env")
+
+
+def recorded_args(path: str) -> tuple[list[str] | None, str]:
+    """The words site.yml recorded on the head for every pair verb (layout pair_args), or None and why not."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{path} does not exist (site.yml writes it on the head)"
+    except (OSError, ValueError) as exc:
+        return None, f"{path}: {getattr(exc, 'strerror', None) or exc}"
+    words = data.get("argv") if isinstance(data, dict) else None
+    if not isinstance(words, list) or not all(isinstance(word, str) for word in words):
+        return None, f"{path} holds no 'argv' list of strings; rerun site.yml to rewrite it"
+    return words, ""
+
+
+def merged_words(recorded: Sequence[str], given: Sequence[str]) -> list[str]:
+    """The recorded words, then the given ones (argparse keeps the last value of an option, so the given win); a
+    repeated option given at all (--worker, --env) drops all of its recorded values."""
+    replaced = {word.split("=", 1)[0] for word in given if word.split("=", 1)[0] in REPEATED}
+    kept: list[str] = []
+    words = iter(recorded)
+    for word in words:
+        name = word.split("=", 1)[0]
+        if name in replaced:
+            if "=" not in word:
+                next(words, None)
+            continue
+        kept.append(word)
+    return [*kept, *given]
+
+
+def _given_words(args: argparse.Namespace) -> list[str]:
+    """What was typed after `pair VERB` (cli.main keeps the words as `args.argv`)."""
+    typed = list(getattr(args, "argv", None) or [])
+    try:
+        return typed[typed.index(args.verb, typed.index("pair") + 1) + 1:]
+    except ValueError:
+        return []
+
+
+def _with_recorded(args: argparse.Namespace) -> argparse.Namespace | None:
+    """Without --worker: the verb's options parsed from the recorded words with the typed ones laid over them; None
+    after one line saying what is missing."""
+    recorded, why = recorded_args(layout.current().pair_args)
+    if recorded is None:
+        print(f"twinspark pair {args.verb}: give --worker ADDRESS (and the other options the guard runs with): {why}",
+              file=sys.stderr)
+        return None
+    merged = args.verb_parser.parse_args(merged_words(recorded, _given_words(args)))
+    merged.argv, merged.verb = args.argv, args.verb
+    return merged
+
+
 def _with_defaults(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        if args.worker is None:
+            found = _with_recorded(args)
+            if found is None:
+                return 2
+            args = found
         if args.env is None:
             args.env = list(DEFAULT_ENV_FILES)
         if args.startup_grace is None:
