@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A seeded chaos campaign on the simulated pair: random faults from a catalogue while a client loop sends requests.
 
-    chaos.py --seed N --rounds K [--faults NAME,...] [--max-fabric-s S] [--limit-s S]
+    chaos.py --seed N --rounds K [--faults NAME,...] [--max-fabric-s S] [--fabric-s S] [--busy N] [--limit-s S]
 
 Each round draws one fault (and its duration) from the seed, injects it inside the nodes (scripts/sim/nx, no SSH),
 and waits, bounded by --limit-s, until the pair serves again with no operator: a chat through the head's API on the
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,9 +78,11 @@ def head_key() -> str:
 
 @dataclass
 class Client:
-    """One short completion a second through the head's API; every outcome kept with its time."""
+    """One completion a second (two tokens, or max_tokens back to back for a busy client) through the head's API;
+    every outcome kept with its time."""
 
     key: str
+    max_tokens: int = 2
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -91,8 +93,9 @@ class Client:
             started = time.time()
             ok = False
             try:
-                reply = http.post(f"{HEAD_URL}/v1/completions", headers=headers, timeout=20,
-                                  json={"model": "tiny", "prompt": "chaos", "max_tokens": 2})
+                reply = http.post(f"{HEAD_URL}/v1/completions", headers=headers, timeout=20 + self.max_tokens / 5,
+                                  json={"model": "tiny", "prompt": "chaos", "max_tokens": self.max_tokens,
+                                        "ignore_eos": True})
                 ok = reply.status_code == 200
             except Exception:  # noqa: BLE001 - any failure is a failed request
                 ok = False
@@ -129,7 +132,11 @@ def guard_lines(since: float) -> list[tuple[float, str]]:
     return lines
 
 
+Inject = Callable[[random.Random], tuple[str, float]]
 QUIET = re.compile(r"^(pair guard run:|pair healthy:|dropped \d+ kick)")
+RESTART = re.compile(r"restarting both ranks in order")
+# A busy client's generation: long enough that one is always in flight when a fault strikes.
+BUSY_TOKENS = 200
 
 
 @dataclass
@@ -176,16 +183,44 @@ def fault_freeze(rng: random.Random) -> tuple[str, float]:
     return f"worker frozen (SIGSTOP, {len(pids)} processes) for {seconds} s", time.time()
 
 
-def fault_fabric(max_s: int) -> Callable[[random.Random], tuple[str, float]]:
+def fault_fabric(max_s: int, fixed_s: int | None = None) -> Callable[[random.Random], tuple[str, float]]:
+    """The fabric link down for a drawn 5..max_s seconds (or exactly fixed_s). A restart while the link is down is
+    a fault of the guard's (a restart cannot fix a link): one is noted, and counted apart in the detail."""
     def inject(rng: random.Random) -> tuple[str, float]:
-        seconds = rng.randint(5, max_s)
+        seconds = fixed_s if fixed_s is not None else rng.randint(5, max_s)
+        down_at = time.time()
         nx(WORKER, "ip", "link", "set", FABRIC_IF, "down", check=True)
         try:
             time.sleep(seconds)
         finally:
             nx(WORKER, "ip", "link", "set", FABRIC_IF, "up", check=True)
-        return f"fabric ({FABRIC_IF} on {WORKER}) down for {seconds} s", time.time()
+        up_at = time.time()
+        during = sum(1 for at, m in guard_lines(down_at - 1) if RESTART.search(m) and at < up_at)
+        if during:
+            FAULT_NOTES.append(f"{during} ordered restart(s) while the link was down")
+        return (f"fabric ({FABRIC_IF} on {WORKER}) down for {seconds} s, {during} restart(s) during the outage",
+                up_at)
     return inject
+
+
+def fault_table_deleted(rng: random.Random) -> tuple[str, float]:
+    """The head's nftables table deleted as root, outside its unit: the watcher loads it again, vLLM untouched."""
+    pid = main_pid(HEAD)
+    nx(HEAD, "nft", "delete", "table", "inet", "twinspark", check=True)
+    deleted_at = time.time()
+    back_s = None
+    while time.time() - deleted_at < 30:
+        if nx(HEAD, "nft", "list", "table", "inet", "twinspark", timeout=10).returncode == 0:
+            back_s = time.time() - deleted_at
+            break
+        time.sleep(0.5)
+    now_pid = main_pid(HEAD)
+    if back_s is None:
+        FAULT_NOTES.append("the table was not back within 30 s")
+    if now_pid != pid:
+        FAULT_NOTES.append(f"the head's vLLM changed pid ({pid} -> {now_pid}): the table's return touched it")
+    back = "not back" if back_s is None else f"back after {back_s:.1f} s"
+    return f"nft delete table inet twinspark on the head; {back}, vLLM pid {pid} -> {now_pid}", time.time()
 
 
 def fault_firewall(rng: random.Random) -> tuple[str, float]:
@@ -300,13 +335,14 @@ def fault_drift_all(rng: random.Random) -> tuple[str, float]:
 FAULT_NOTES: list[str] = []
 
 
-def catalogue(max_fabric_s: int) -> dict[str, Callable[[random.Random], tuple[str, float]]]:
+def catalogue(max_fabric_s: int, fabric_s: int | None = None) -> dict[str, Inject]:
     return {
         "kill-head": fault_kill(HEAD),
         "kill-worker": fault_kill(WORKER),
         "freeze-worker": fault_freeze,
-        "fabric-down": fault_fabric(max_fabric_s),
+        "fabric-down": fault_fabric(max_fabric_s, fabric_s),
         "firewall-restart": fault_firewall,
+        "table-deleted": fault_table_deleted,
         "reboot-worker": fault_reboot,
         "guard-killed-mid-restart": fault_guard_killed,
         "drift-path": fault_drift,
@@ -315,7 +351,7 @@ def catalogue(max_fabric_s: int) -> dict[str, Callable[[random.Random], tuple[st
 
 
 def run_fault(name: str, inject: Callable[[random.Random], tuple[str, float]], rng: random.Random, client: Client,
-              limit_s: float) -> Result:
+              limit_s: float, busy: Sequence[Client] = ()) -> Result:
     nx(HEAD, TWINSPARK, "pair", "reset", timeout=30)
     began = time.time()
     FAULT_NOTES.clear()
@@ -327,11 +363,12 @@ def run_fault(name: str, inject: Callable[[random.Random], tuple[str, float]], r
     served_at = wait_serving(client, ended, limit_s)
     lines = [(at, m) for at, m in guard_lines(began - 1) if not QUIET.match(m)]
     detected = next((at - began for at, m in lines if at >= began), None)
-    restarts = sum(1 for _, m in lines if "restarting both ranks in order" in m)
+    restarts = sum(1 for _, m in lines if RESTART.search(m))
     note = "; ".join(n for n in FAULT_NOTES if n)
     until = served_at if served_at is not None else time.time()
     return Result(name, detail, detected, None if served_at is None else max(0.0, served_at - ended), restarts,
-                  client.failed_between(began, until), served_at is not None and not note, note)
+                  sum(c.failed_between(began, until) for c in (client, *busy)), served_at is not None and not note,
+                  note)
 
 
 def table(results: list[Result]) -> str:
@@ -350,9 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, required=True)
     parser.add_argument("--faults", default="", help="comma-separated names to draw from (default: all)")
     parser.add_argument("--max-fabric-s", type=int, default=180, help="longest fabric outage drawn (5..S s)")
+    parser.add_argument("--fabric-s", type=int, help="every fabric outage exactly S s (e.g. past the guard's bound)")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="N more clients, each sending long generations back to back (a busy pair)")
     parser.add_argument("--limit-s", type=float, default=900.0, help="bound on each fault's recovery")
     args = parser.parse_args(argv)
-    faults = catalogue(max(5, args.max_fabric_s))
+    faults = catalogue(max(5, args.max_fabric_s), args.fabric_s)
     # drift-all (two site.yml runs over every managed path) is drawn only when named: `make sim-drift`.
     chosen = [f for f in args.faults.split(",") if f] or [f for f in faults if f != "drift-all"]
     unknown = [f for f in chosen if f not in faults]
@@ -365,9 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: {error}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
-    client = Client(head_key())
-    thread = threading.Thread(target=client.run, daemon=True)
-    thread.start()
+    key = head_key()
+    client = Client(key)
+    busy = [Client(key, max_tokens=BUSY_TOKENS) for _ in range(max(0, args.busy))]
+    threads = [threading.Thread(target=c.run, daemon=True) for c in (client, *busy)]
+    for thread in threads:
+        thread.start()
     if wait_serving(client, time.time() - 1, 300) is None:
         print("chaos: the pair does not serve before the first fault; run `make demo` first", file=sys.stderr)
         return 1
@@ -376,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for round_no in range(1, args.rounds + 1):
             name = rng.choice(chosen)
-            result = run_fault(name, faults[name], rng, client, args.limit_s)
+            result = run_fault(name, faults[name], rng, client, args.limit_s, busy)
             results.append(result)
             print(f"[{time.time() - started:7.0f} s] {round_no}/{args.rounds} {result.fault}: {result.detail}; "
                   f"recovery {result.recovered_s if result.recovered_s is None else round(result.recovered_s, 1)} s, "
@@ -385,10 +428,13 @@ def main(argv: list[str] | None = None) -> int:
             if not result.healed:
                 break
     finally:
-        client.stop.set()
-        thread.join(timeout=30)
+        for c in (client, *busy):
+            c.stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    sent = sum(len(c.outcomes) for c in (client, *busy))
     print(f"\nchaos campaign: seed {args.seed}, {len(results)} fault(s), {time.time() - started:.0f} s, "
-          f"{len(client.outcomes)} requests")
+          f"{sent} requests" + (f" ({args.busy} busy client(s) of {BUSY_TOKENS} tokens each)" if busy else ""))
     print(table(results))
     return 0 if results and all(r.healed for r in results) and len(results) == args.rounds else 1
 
