@@ -83,8 +83,12 @@ def run_playbook(tmp_path: Path, record: Path, enabled: bool) -> subprocess.Comp
         msg: no
       when: false
 """)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), TWINSPARK_TASK_TIMES=str(record),
-               ANSIBLE_ROLES_PATH=str(tmp_path / "roles"))
+    return ansible_playbook(tmp_path, playbook, enabled, TWINSPARK_TASK_TIMES=str(record))
+
+
+def ansible_playbook(tmp_path: Path, playbook: Path, enabled: bool, **env_extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(tmp_path / "roles"),
+               ANSIBLE_NOCOLOR="1", **env_extra)
     if enabled:
         env["ANSIBLE_CALLBACKS_ENABLED"] = "twinspark_timing"
     else:
@@ -118,6 +122,36 @@ def test_the_callback_writes_nothing_unless_enabled(tmp_path):
     done = run_playbook(tmp_path, record, enabled=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not record.exists()
+    assert "time per phase:" not in done.stdout
+
+
+def test_the_callback_sums_the_stage_playbooks_into_the_demos_phases(tmp_path):
+    """What scripts/sim/demo keeps for the yardstick (TWINSPARK_PHASE_TIMES) and the table at the end of the run,
+    from stage playbooks named as site.yml's are: validate and fabric are both "packages", runtime is its own."""
+    (tmp_path / "roles").mkdir()
+    for stage, seconds in (("validate", 0), ("fabric", 0), ("runtime", 1.1)):
+        (tmp_path / f"{stage}.yml").write_text(
+            f"- name: The {stage} stage\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+            f"    - name: Work of {stage}\n      ansible.builtin.command: sleep {seconds}\n"
+            f"      changed_when: false\n")
+    site = tmp_path / "site.yml"
+    site.write_text("".join(f"- name: Stage {s}\n  ansible.builtin.import_playbook: {s}.yml\n"
+                            for s in ("validate", "fabric", "runtime")))
+    phases_file, tasks_file = tmp_path / "phases.jsonl", tmp_path / "tasks.jsonl"
+    done = ansible_playbook(tmp_path, site, True, TWINSPARK_PHASE_TIMES=str(phases_file),
+                            TWINSPARK_TASK_TIMES=str(tasks_file))
+    assert done.returncode == 0, done.stdout + done.stderr
+    phases = [json.loads(line) for line in phases_file.read_text().splitlines()]
+    assert [p["phase"] for p in phases] == ["packages", "runtime"]
+    assert phases[1]["seconds"] >= 1.1
+    assert [r.task for r in taskprofile.read_records(tasks_file.read_text().splitlines())] == [
+        "Work of validate", "Work of fabric", "Work of runtime"]
+    table = done.stdout[done.stdout.index("time per play:"):].splitlines()
+    assert [line.split()[2:] for line in table[1:4]] == [["validate", "The", "validate", "stage"],
+                                                         ["fabric", "The", "fabric", "stage"],
+                                                         ["runtime", "The", "runtime", "stage"]]
+    assert table[4] == "time per phase:" and table[5].split()[2:] == ["packages"]
+    assert table[6].split()[2:] == ["runtime"]
 
 
 def test_rerun_profile_reprints_a_saved_record_and_names_a_bad_one(tmp_path):

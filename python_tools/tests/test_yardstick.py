@@ -73,7 +73,7 @@ def test_a_bad_record_is_refused_naming_where(text, named):
 
 
 def test_step_names_match_the_phases_the_demo_records():
-    source = (REPO / "scripts" / "sim" / "ansible_plugins" / "twinspark_phase_timer.py").read_text()
+    source = (REPO / "callback_plugins" / "twinspark_timing.py").read_text()
     tree = ast.parse(source)
     stage_phases = next(ast.literal_eval(node.value) for node in ast.walk(tree)
                         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "STAGE_PHASES")
