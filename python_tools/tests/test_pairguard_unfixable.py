@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -459,3 +460,43 @@ def test_the_role_passes_the_fabric_wait_to_the_guard():
         "vllm_service_guard_fabric_wait_s"]["default"] == Policy.fabric_wait_s
     assert "'--fabric-wait', vllm_service_guard_fabric_wait_s" in (
         REPO / "roles/vllm_service/vars/main.yml").read_text()
+
+
+# --- a full disk ---------------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_under_the_state_directory_holds_the_restart_back(tmp_path, monkeypatch):
+    here = f"{{ path={sys.executable} ; argv[]={sys.executable} -I -m twinspark.cli serve ; ignore_errors=no }}"
+    seen = []
+    monkeypatch.setattr(guard, "free_bytes", lambda path: seen.append(path) or 300 * 2**20)
+    problem = guard.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), here))
+    assert seen == [guard.layout.current().state_dir]
+    assert problem.startswith(f"the disk under {seen[0]} is full (0.3 GiB free")
+    assert "a restart cannot fix it" in problem
+    decision = rules.decide(Observation("active", "failed", head_active_for_s=4000.0, cannot_restart=problem),
+                            GuardState(), POLICY, T0)
+    assert decision.action is Action.HOLD and decision.state.failures_in_row == 0
+    monkeypatch.setattr(guard, "free_bytes", lambda path: rules.DISK_FULL_BYTES)
+    assert guard.restart_blocker(KeyAndUnit(key_file(tmp_path, 0o600), here)) is None
+
+
+def test_the_disk_rule_and_the_real_filesystem_look():
+    assert rules.disk_problem("/var/lib/twinspark", None) is None, "could not look: not held back"
+    assert rules.disk_problem("/var/lib/twinspark", rules.DISK_FULL_BYTES - 1) is not None
+    assert guard.free_bytes("/nonexistent/state") is None
+    assert guard.free_bytes(str(Path(__file__).parent)) > 0
+
+
+def test_the_guard_says_when_the_firewall_watcher_finds_the_table_missing(tmp_path):
+    from twinspark import firewall
+
+    path = tmp_path / "state.json"
+    said = []
+    assert guard.firewall_missing(lambda p, m: said.append((p, m)), str(path)) is False  # no watcher: nothing
+    firewall.write_state(path, firewall.State("inet twinspark", True, time.time(), 2))
+    assert guard.firewall_missing(lambda p, m: said.append((p, m)), str(path)) is False
+    firewall.write_state(path, firewall.State("inet twinspark", False, time.time(), 2, missing_since=time.time() - 9,
+                                              error="Error: syntax error"))
+    assert guard.firewall_missing(lambda p, m: said.append((p, m)), str(path)) is True
+    assert said == [(3, said[0][1])] and said[0][1].startswith("host firewall: nftables table inet twinspark is "
+                                                               "missing for 9 s")

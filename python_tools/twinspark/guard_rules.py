@@ -122,7 +122,7 @@ class Observation:
     worker_active_for_s: float | None = None  # how long the worker's unit has been active (None: an older worker
     # whose forced command does not say, or not active)
     fabric_down: str | None = None  # why the link between the nodes is down, in one line; None: up, or not looked at
-    cannot_restart: str | None = None  # a cause no restart can cure (the guard's key, the runtime), in one line
+    cannot_restart: str | None = None  # a cause no restart can cure (the guard's key, the runtime, a full disk)
 
 
 @dataclass(frozen=True)
@@ -566,3 +566,17 @@ def runtime_problem(path: str | None, present: bool) -> str | None:
         return None
     return (f"the runtime is missing: {path}, which {UNIT} runs, is not there; ansible-playbook site.yml installs it "
             "(role vllm_runtime)")
+
+
+# Below this much free space under the state directory (models, HF_HOME, the JIT and compile caches) a rank cannot
+# write what it needs to start: the figure below which the health sweep calls that filesystem failed.
+DISK_FULL_BYTES = checks.DISK_FAILED_BYTES
+
+
+def disk_problem(path: str, free_bytes: int | None) -> str | None:
+    """Free bytes on the filesystem of `path` (None: could not look) -> why no restart can start the ranks."""
+    if free_bytes is None or free_bytes >= DISK_FULL_BYTES:
+        return None
+    return (f"the disk under {path} is full ({free_bytes / 2**30:.1f} GiB free, a start needs at least "
+            f"{DISK_FULL_BYTES / 2**30:.0f} GiB for its caches): free space there (old JIT caches, logs, unused "
+            "model revisions); a restart cannot fix it")

@@ -21,9 +21,10 @@ answering, is broken once it has served since its start (a young pair's first ge
 The guard restarts only what a restart can fix. Before deciding on a pair that does not serve, it looks at the
 fabric (this node's NCCL/gloo interfaces in sysfs, and a TCP connect to the peer's fabric address): while the link is
 down it waits, counting nothing, and past `fabric_wait_s` says so loudly, still without restarting. A guard key ssh
-refuses, or a rank's executable that is not there, holds a restart back the same way, naming the fix. And a head
-restarted alone (by systemd, with its firewall unit) next to the worker's old rank is told from a starting pair by
-the ranks' ages: the worker's forced command reports how long its rank has been active.
+refuses, a rank's executable that is not there, or a full disk under the state directory holds a restart back the
+same way, naming the fix. And a head restarted alone (by systemd, with its firewall unit) next to the worker's old
+rank is told from a starting pair by the ranks' ages: the worker's forced command reports how long its rank has been
+active.
 
 The rules (`assess`, `decide`, `after_restart`, `track`, `probe_plan`) are pure functions over plain data in
 guard_rules.py; this module is one guard run around them (look, decide, act, remember) and its state file.
@@ -36,13 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from twinspark import atomic, drain, layout
+from twinspark import atomic, drain, firewall, layout
 from twinspark.guard_rules import (
     Action,
     GuardState,
@@ -51,6 +53,7 @@ from twinspark.guard_rules import (
     Verdict,
     after_restart,
     decide,
+    disk_problem,
     exec_path,
     runtime_problem,
     state_from_json,
@@ -101,14 +104,26 @@ def save_state(path: Path, state: GuardState) -> None:
 def restart_blocker(pair: Pair) -> str | None:
     """A cause no ordered restart can cure, found cheaply on the head, in one line with its fix; None when none.
 
-    The guard's SSH key must be one ssh accepts (0600, owned by whoever runs ssh: ssh ignores any other), and the
-    head's rank unit must find the executable it runs. A stand-in pair without a key or unit says nothing."""
+    The guard's SSH key must be one ssh accepts (0600, owned by whoever runs ssh: ssh ignores any other), the
+    head's rank unit must find the executable it runs, and the state directory's filesystem must have room for the
+    caches a start writes. A stand-in pair without a key or unit says nothing."""
     problem = guard_key_problem(getattr(pair, "ssh_key", None))
     if problem:
         return problem
     show = getattr(pair, "exec_start", None)
     path = exec_path(show()) if show is not None else None
-    return runtime_problem(path, path is None or os.path.exists(path))
+    problem = runtime_problem(path, path is None or os.path.exists(path))
+    if problem or show is None:
+        return problem
+    state_dir = layout.current().state_dir
+    return disk_problem(state_dir, free_bytes(state_dir))
+
+
+def free_bytes(path: str) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
 
 
 def run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
@@ -161,6 +176,15 @@ def settle(read: Callable[[], tuple[str, str | None]], timeout_s: float, poll_s:
         sleep(poll_s)
 
 
+def firewall_missing(say: Callable[[int, str], None], state_path: str | None = None) -> bool:
+    """Say at error priority, on every run while it lasts, that the firewall watcher finds the table missing (its
+    watcher reloads it; this is for the moment it cannot). Nothing is decided on it: vLLM itself is unaffected."""
+    code, line = firewall.judge(firewall.read_state(Path(state_path or layout.current().firewall_state)), time.time())
+    if code == 2:
+        say(3, f"host firewall: {line}")
+    return code == 2
+
+
 def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.KickInbox, trigger: str,
                woken: bool = False) -> int:
     """One guard run under the lifecycle lock: look, decide, act, remember. `woken`: a rank's kick started this run
@@ -173,6 +197,7 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
         if waited >= 0.5:
             log(6, f"waited {waited:.1f} s for a stopping rank to finish stopping (head {head}, "
                    f"worker {worker or 'unreachable'})")
+    firewall_missing(log)
     obs = pair.observe(args.probe_timeout, policy, state)
     if obs.probe is not Probe.OK:
         obs = replace(obs, cannot_restart=restart_blocker(pair))
