@@ -315,3 +315,21 @@ def test_settings_of_fills_defaults_under_the_recorded_ones():
     values = rules.settings_of(head)
     assert values["NCCL_IB_HCA"] == "=rocep1s0f0,roceP2p1s0f0" and values["MAX_NUM_SEQS"] == "6"
     assert rules.settings_of(head, {"GPU_MEMORY_UTILIZATION": "0.5"})["GPU_MEMORY_UTILIZATION"] == "0.5"
+
+
+def test_docs_doctor_md_names_every_finding():
+    text = (Path(__file__).parents[2] / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
+    missing = [finding for finding in rules.CATALOGUE if f"`{finding}`" not in text]
+    assert not missing, f"document these finding ids in docs/DOCTOR.md: {missing}"
+
+
+def test_an_acknowledged_id_must_exist():
+    from twinspark import validate
+
+    problems = validate.validate({"TWINSPARK_PROFILE": "cpu", "NODE_RANK": "0", "MASTER_ADDR": "10.77.0.1",
+                                  "WORKER_HOST": "10.77.0.2", "VLLM_HOST_IP": "10.77.0.1",
+                                  "TWINSPARK_DOCTOR_ACK": "pcie.link-degraded,clock.ofset"}).problems
+    assert [str(p) for p in problems] == [
+        "TWINSPARK_DOCTOR_ACK: 'clock.ofset' is not a doctor finding id; did you mean clock.offset? (got "
+        "'pcie.link-degraded,clock.ofset') (allowed: doctor finding ids (docs/DOCTOR.md) separated by spaces or "
+        "commas)"]

@@ -232,7 +232,7 @@ def _spec_type(knob: Knob) -> dict[str, object]:
         return {"type": "int"}
     if knob.type == "float":
         return {"type": "float"}
-    if knob.type in ("keys", "passthrough", "names"):
+    if knob.type in ("keys", "passthrough", "names", "findings"):
         return {"type": "raw"}
     if knob.type == "choice":
         if any(choice.lower() in YAML_BOOLEAN_WORDS for choice in knob.choices):

@@ -19,7 +19,7 @@ FLAVOURS = ("stock", "fork")
 CONCERNS = ("cluster", "fabric", "serving", "model", "security")
 TYPES = (
     "str", "int", "float", "bool", "choice", "port", "ipv4", "ip", "path", "model", "revision", "ifname", "hca",
-    "keys", "passthrough", "names", "url",
+    "keys", "passthrough", "names", "url", "findings",
 )
 PASSES = ("env", "arg", "launcher")
 FILES = ("serve", "secrets")
@@ -127,6 +127,7 @@ class Knob:
             "names": "environment variable names separated by spaces or commas",
             "str": "text on one line",
             "url": "a base URL, http(s)://host[:port], no path",
+            "findings": "doctor finding ids (docs/DOCTOR.md) separated by spaces or commas",
         }[self.type]
 
 

@@ -237,6 +237,18 @@ def _names(knob: Knob, text: str) -> str:
     return " ".join(dict.fromkeys(names))
 
 
+def _findings(knob: Knob, text: str) -> str:
+    from twinspark.doctor import rules
+
+    ids = rules.acknowledged_ids(_single_line(text))
+    unknown = rules.unknown_ids(ids)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(rules.CATALOGUE), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise _Invalid(f"{unknown[0]!r} is not a doctor finding id{hint}")
+    return " ".join(dict.fromkeys(ids))
+
+
 def _keys(knob: Knob, text: str) -> str:
     if _MULTILINE.search(text):
         raise _Invalid("must be a single line (no carriage return, line feed, vertical tab or form feed)")
@@ -253,7 +265,7 @@ def _keys(knob: Knob, text: str) -> str:
 _NORMALISERS = {
     "str": _str, "int": _int, "float": _float, "bool": _bool, "choice": _choice, "port": _port, "ipv4": _ipv4,
     "ip": _ip, "path": _path, "model": _model, "revision": _revision, "ifname": _ifname, "hca": _hca,
-    "keys": _keys, "passthrough": _passthrough, "names": _names, "url": _url,
+    "keys": _keys, "passthrough": _passthrough, "names": _names, "url": _url, "findings": _findings,
 }
 
 
