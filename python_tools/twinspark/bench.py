@@ -23,7 +23,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from twinspark import netguard
+import requests
+
+from twinspark import api, fleet, netguard
+from twinspark import inventory as pair_inventory
+from twinspark.inventory import InventoryError
 
 # Figures published for DeepSeek-V4-Flash-0731 at TP=2 on two DGX Sparks, the numbers a gb10 pair should reach
 # (docs/OPERATIONS.md, "`twinspark bench`").
@@ -312,9 +316,6 @@ def from_inventory(inventory: str | None, timeout: float = 10.0, pair: str | Non
     On a fleet inventory `pair` names the pair whose head is benched, or `router` aims at the fleet's router (the key
     and served name then come from the first pair's head: the fleet serves one model under one key); neither is an
     InventoryError naming both. On a one-pair inventory `pair` may only name its one pair (twinspark_pair)."""
-    from twinspark import api, fleet
-    from twinspark import inventory as pair_inventory
-
     source = inventory or pair_inventory.default_inventory()
     view = pair_inventory.read_fleet(source)
     names = [name for name, _ in view.pairs] if view else [fleet.SINGLE_PAIR]
@@ -346,11 +347,6 @@ def from_inventory(inventory: str | None, timeout: float = 10.0, pair: str | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    import requests
-
-    from twinspark import api
-    from twinspark.inventory import InventoryError
-
     key = (os.environ.get(args.api_key_env, "").split() or [None])[0]
     model = args.model
     url = args.url

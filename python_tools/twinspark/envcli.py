@@ -12,7 +12,7 @@ import stat
 import sys
 from pathlib import Path
 
-from twinspark import layout
+from twinspark import envfile, generate, layout, nodeenv, runtimes, settings, validate
 
 EXIT_OK = 0
 EXIT_STALE = 1
@@ -50,8 +50,6 @@ def register(subparsers) -> None:
 
 def _loose_secrets(files: list[str], origin: dict[str, str]) -> list[str]:
     """Secrets read from a file that group or others may read."""
-    from twinspark import settings
-
     registry = settings.load()
     problems = []
     for name, where in origin.items():
@@ -70,8 +68,6 @@ def _loose_secrets(files: list[str], origin: dict[str, str]) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from twinspark import envfile, settings, validate
-
     read = envfile.read_files(args.files)
     if read.refused:  # judging what is left would only add noise: the file itself is the problem
         for line in read.problems:
@@ -84,8 +80,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not args.skip_permissions:
         problems += _loose_secrets(args.files, read.origin)
     if args.runtime:
-        from twinspark import runtimes
-
         reads = runtimes.reads_of(Path(args.runtime))
         if reads is None:
             problems.append(f"--runtime {args.runtime}: no venv with a vllm package there; give the serving venv "
@@ -103,8 +97,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_defaults(args: argparse.Namespace) -> int:
-    from twinspark import envfile, nodeenv, settings
-
     registry = settings.load()
     serve, secrets = nodeenv.example_env(args.profile, args.rank)
     header = (
@@ -126,8 +118,6 @@ def cmd_defaults(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from twinspark import envfile, generate
-
     root = args.root or generate.repo_root()
     if args.check:
         stale = generate.stale(root)

@@ -186,13 +186,28 @@ def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple
     return [by_name[str(name)] for name in chosen if str(name) in by_name], problems
 
 
+def head_url(head: Mapping[str, Any], name: str) -> str:
+    """A pair's head API as the router lists it: http(s)://<ansible_host or name>:<API port>."""
+    address = str(head.get("ansible_host") or name)
+    port = int(str(head.get(API_PORT_VAR, DEFAULT_API_PORT)))
+    scheme = "https" if head.get("twinspark_vllm_tls_cert") else "http"
+    host = f"[{address}]" if ":" in address else address
+    return f"{scheme}://{host}:{port}"
+
+
+def router_url(router: Mapping[str, Any], name: str) -> str:
+    """The router's own base URL, as clients (and `twinspark health`) reach it."""
+    address = str(router.get("ansible_host") or name)
+    port = int(str(router.get(ROUTER_PORT_VAR, DEFAULT_ROUTER_PORT)))
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
 def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
                    groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
     """The drain settings host's pair gets from the inventory when they are not set by hand: the URL of the first
     router (twinspark_router) that fronts the pair, and the pair's head API as that router lists it in its
     --worker-urls. {} when no router fronts the pair (a pair on its own: no drain)."""
-    from twinspark import routerconf
-
     routers = _members(groups, ROUTER_GROUP)
     pair = own_pair(host, host_vars, groups) if routers else None
     if pair is None:
@@ -201,8 +216,8 @@ def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
     for router in routers:
         fronted, _ = router_pairs(host_vars.get(router, {}), known)
         if any(candidate.name == pair.name for candidate in fronted):
-            return {ROUTER_URL_VAR: routerconf.router_url(host_vars.get(router, {}), router),
-                    ROUTER_PAIR_URL_VAR: routerconf.head_url(host_vars.get(pair.head, {}), pair.head)}
+            return {ROUTER_URL_VAR: router_url(host_vars.get(router, {}), router),
+                    ROUTER_PAIR_URL_VAR: head_url(host_vars.get(pair.head, {}), pair.head)}
     return {}
 
 

@@ -29,6 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from twinspark import inventory as pair_inventory
+from twinspark import netguard
+from twinspark.health import command as health
+from twinspark.inventory import default_inventory
+
 PLAYBOOKS = {
     "deploy": "site.yml",
     "start": "playbooks/start.yml",
@@ -163,6 +168,7 @@ def project_root() -> Path:
 def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView, project: Path,
                  extra_cmdline: list[str] | None = None) -> tuple[int, Path]:
     """Run one playbook through ansible-runner; returns (exit code, the run's artifact directory)."""
+    # ansible-runner: a controller extra (twinspark[controller]), absent from the nodes' venv.
     import ansible_runner
 
     ident = stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -197,9 +203,6 @@ def _route_refusal(inventory: str) -> str | None:
     """Why the pair's addresses must not be dialled from here (a simulated pair whose network is down), or None.
 
     An inventory this cannot read is left to the playbook's own validation, which names the problem."""
-    from twinspark import inventory as pair_inventory
-    from twinspark import netguard
-
     try:
         pair = pair_inventory.read_inventory(inventory)
         netguard.check([pair.head.host, pair.worker.host, pair.api_url])
@@ -213,8 +216,6 @@ def _route_refusal(inventory: str) -> str | None:
 def fleet_pairs(inventory: str) -> list[str]:
     """The pair names of a well-formed fleet inventory of two pairs or more, in inventory order; [] otherwise (a
     one-pair inventory, or one the playbook's own validation must name the problem of)."""
-    from twinspark import inventory as pair_inventory
-
     try:
         view = pair_inventory.read_fleet(inventory)
     except pair_inventory.InventoryError:
@@ -228,8 +229,6 @@ def health_gate(inventory: str, after: str, timeout: float, stream: TextIO,
                 interval: float = GATE_INTERVAL) -> int:
     """Wait until the whole fleet's health is healthy (exit 0), retrying every `interval` s up to `timeout` s, with
     one progress line per try; prints the last health table; returns the last health exit code."""
-    from twinspark.health import command as health
-
     started = time.monotonic()
     while True:
         captured = io.StringIO()
@@ -269,8 +268,6 @@ def walk_pairs(args: argparse.Namespace, inventory: str, pairs: list[str], run_o
 
 
 def _command(args: argparse.Namespace) -> int:
-    from twinspark.inventory import default_inventory
-
     project = project_root()
     inventory = args.inventory or default_inventory()
     playbook = project / PLAYBOOKS[args.verb]
@@ -307,8 +304,6 @@ def _command(args: argparse.Namespace) -> int:
         return rc
     if args.verb == "stop" or args.no_health or args.check:
         return 0
-    from twinspark.health import command as health
-
     return health.check_inventory(inventory, timeout=10.0)
 
 

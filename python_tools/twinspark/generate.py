@@ -7,6 +7,7 @@ registry (settings.yml); roles/twinspark_layout/defaults/main.yml and meta/argum
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -211,8 +212,6 @@ def _flavour_section(registry: Registry) -> list[str]:
 
 
 def _shell_words(words: tuple[str, ...]) -> str:
-    import shlex
-
     out, line = [], ""
     for word in words:
         quoted = shlex.quote(word)

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinspark import api, layout, nodeenv
+from twinspark import api, envfile, fleet, layout, nodeenv, settings
+from twinspark.health.gather import SECRETS_ENV, SERVE_ENV
 
 HEAD_GROUP = nodeenv.HEAD_GROUP
 WORKER_GROUP = nodeenv.WORKER_GROUP
@@ -61,6 +62,7 @@ def _accepts_unknown_host_keys(hostvars: Mapping[str, object]) -> bool:
 
 
 def _load(source: str | Path):
+    # ansible: a controller extra (twinspark[controller]), absent from the nodes' venv.
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
@@ -87,28 +89,25 @@ class FleetView:
 
 def read_fleet(source: str | Path) -> FleetView | None:
     """The fleet an inventory describes, or None for a one-pair inventory (which stays on the one-pair path)."""
-    from twinspark import fleet, routerconf
-
     _, inventory, variables, groups = _load(source)
     host_vars = _host_vars(inventory, variables, groups)
     if not fleet.is_fleet(host_vars, groups):
         return None
     found, problems = fleet.pairs(host_vars, groups)
     routers = list(groups.get(fleet.ROUTER_GROUP) or [])
-    router = routerconf.router_url(host_vars.get(routers[0], {}), routers[0]) if routers else None
-    return FleetView(tuple((p.name, routerconf.head_url(host_vars.get(p.head, {}), p.head)) for p in found),
+    router = fleet.router_url(host_vars.get(routers[0], {}), routers[0]) if routers else None
+    return FleetView(tuple((p.name, fleet.head_url(host_vars.get(p.head, {}), p.head)) for p in found),
                      router, tuple(problems))
 
 
 def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
     """The head, the worker and the API URL from an Ansible inventory (any source Ansible reads). In a fleet,
     `pair` names the pair (its group); a one-pair inventory needs none."""
+    # ansible: a controller extra (twinspark[controller]), absent from the nodes' venv.
     from ansible.template import Templar
 
     loader, inventory, variables, groups = _load(source)
     if pair is not None:
-        from twinspark import fleet
-
         found, _ = fleet.pairs(_host_vars(inventory, variables, groups), groups)
         chosen = [p for p in found if p.name == pair]
         if not chosen:
@@ -155,8 +154,6 @@ def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
 def api_port(value: Callable[[str], object], source: str | Path = "the inventory") -> int:
     """The head's API port as its env file will carry it (twinspark_vllm_port through nodeenv: checked like every
     knob, the registry default when unset); `value` reads one templated inventory variable of the head."""
-    from twinspark import settings
-
     registry = settings.load()
     knob = registry["VLLM_PORT"]
     profile_var = registry["TWINSPARK_PROFILE"].var
@@ -171,6 +168,7 @@ class Connection:
     """One SSH connection to a node (paramiko), closed on exit."""
 
     def __init__(self, node: Node, timeout: float) -> None:
+        # paramiko: a controller extra (twinspark[controller]), absent from the nodes' venv.
         import paramiko
 
         # paramiko's transport thread logs connection failures with tracebacks; the failure reaches the report
@@ -227,9 +225,6 @@ def describe_ssh_error(node: Node, error: Exception) -> str:
 
 def read_remote_env(connection: Connection, timeout: float) -> dict[str, str]:
     """The head's env files, read over SSH into memory (secrets stay in this process)."""
-    from twinspark import envfile
-    from twinspark.health.gather import SECRETS_ENV, SERVE_ENV  # the env files' paths live there, for now
-
     env: dict[str, str] = {}
     for path in (SERVE_ENV, SECRETS_ENV):
         rc, out, _err = connection.run(f"cat {shlex.quote(str(path))}", timeout)
@@ -240,6 +235,7 @@ def read_remote_env(connection: Connection, timeout: float) -> dict[str, str]:
 
 def default_inventory() -> str:
     """The inventory ansible.cfg names (its first source), for commands run without -i."""
+    # ansible: a controller extra (twinspark[controller]), absent from the nodes' venv.
     from ansible import constants
 
     sources = constants.DEFAULT_HOST_LIST

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinspark import budget, settings
+from twinspark import api, budget, envfile, settings, validate
+from twinspark.fabric import gid, sysfs
 from twinspark.fabric.gid import match_ip as gid_match_ip
 from twinspark.settings import Registry
 from twinspark.vllm_entry import API_KEYS_ENV
@@ -82,8 +83,6 @@ def speculative_config(num_tokens: int, sample_method: str) -> str:
 
 def api_keys(values: Mapping[str, str]) -> list[str]:
     """All configured API keys in order, by the one rule probes use too (twinspark.api.keys)."""
-    from twinspark import api
-
     return api.keys(values)
 
 
@@ -169,14 +168,12 @@ def resolve_gid(
     if values.get("TWINSPARK_PROFILE") != "gb10" or values.get("NCCL_IB_GID_AUTO") != "1":
         return []
     if interface_addresses is None:
-        from twinspark.fabric.sysfs import netdev_ipv4 as interface_addresses
+        interface_addresses = sysfs.netdev_ipv4
     if resolver is None:
-        from twinspark.fabric.gid import resolve_gid_index as resolver
+        resolver = gid.resolve_gid_index
     address = match_ip(values, interface_addresses)
     if not address:
-        from twinspark.fabric.gid import EXIT_INVALID_INPUT, GidResolutionError
-
-        raise GidResolutionError("no match IP: set GID_MATCH_IP or VLLM_HOST_IP", EXIT_INVALID_INPUT)
+        raise gid.GidResolutionError("no match IP: set GID_MATCH_IP or VLLM_HOST_IP", gid.EXIT_INVALID_INPUT)
     index, notes = resolver(values["NCCL_IB_HCA"], address, sysfs_root)
     notes = list(notes)
     pinned = values.get("NCCL_IB_GID_INDEX")
@@ -225,8 +222,6 @@ def read_settings(env_files: list[str], use_environ: bool, registry: settings.Re
     """What a rank's unit would run with: the env files (and, with use_environ, this process's environment first),
     validated against the registry. Returns (validation result, problems as lines); any problem means "do not start".
     Shared by `twinspark serve` and `twinspark runtime check`, so both judge exactly the same settings."""
-    from twinspark import envfile, validate
-
     raw: dict[str, str] = {}
     if use_environ:
         raw.update({k.env: os.environ[k.env] for k in registry.knobs if k.env in os.environ})
@@ -254,11 +249,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     values = dict(result.values)
     if not args.skip_gid:
-        from twinspark.fabric.gid import GidResolutionError
-
         try:
             notes = resolve_gid(values, args.sysfs_root)
-        except GidResolutionError as exc:
+        except gid.GidResolutionError as exc:
             print(f"NCCL_IB_GID_INDEX: could not be resolved on this node: {exc}", file=sys.stderr)
             return exc.exit_code
         for note in notes:

@@ -540,6 +540,7 @@ def _token(plan: DownloadPlan) -> str | None:
 def _import_hub(plan: DownloadPlan) -> Any:
     os.environ.update(plan.environment())
     try:
+        # huggingface_hub: only in the serving runtime; its absence is named below.
         import huggingface_hub
     except ImportError as exc:
         raise ModelRuntimeError("huggingface_hub is not installed in this venv; install the runtime first") from exc

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from twinspark import atomic, safeio
 
 DEFAULT_PATCHES_DIR = "/opt/twinspark/patches"
@@ -475,8 +477,6 @@ def installed_target(site_packages: Path) -> str:
 
 def load_manifest(patches_dir: Path, site_packages: Path) -> Manifest:
     """The manifest for the vLLM installed in site-packages: patches_dir/<target>/ or patches_dir itself."""
-    import yaml
-
     target = installed_target(site_packages)
     directory = patches_dir / target
     if not (directory / MANIFEST_NAME).is_file():

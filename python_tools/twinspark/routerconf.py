@@ -77,24 +77,7 @@ def worker_urls(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str,
     fronted, more = fleet.router_pairs(host_vars.get(router, {}), found)
     if problems or more or not fronted:
         raise ValueError("; ".join(problems + more) or f"{router}: fronts no pair")
-    return [head_url(host_vars.get(pair.head, {}), pair.head) for pair in fronted]
-
-
-def head_url(head: Mapping[str, Any], name: str) -> str:
-    """A pair's head API as the router lists it: http(s)://<ansible_host or name>:<API port>."""
-    address = str(head.get("ansible_host") or name)
-    port = int(str(head.get(fleet.API_PORT_VAR, fleet.DEFAULT_API_PORT)))
-    scheme = "https" if head.get("twinspark_vllm_tls_cert") else "http"
-    host = f"[{address}]" if ":" in address else address
-    return f"{scheme}://{host}:{port}"
-
-
-def router_url(router: Mapping[str, Any], name: str) -> str:
-    """The router's own base URL, as clients (and `twinspark health`) reach it."""
-    address = str(router.get("ansible_host") or name)
-    port = int(str(router.get(fleet.ROUTER_PORT_VAR, fleet.DEFAULT_ROUTER_PORT)))
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
+    return [fleet.head_url(host_vars.get(pair.head, {}), pair.head) for pair in fronted]
 
 
 def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, port: int, metrics_port: int,

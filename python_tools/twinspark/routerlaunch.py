@@ -82,6 +82,7 @@ def router_kwargs(router_argv: list[str], key_check_urls: list[str], worker_key:
     the key the router sends to the pairs itself."""
     if not key_check_urls:
         raise ValueError("--key-check-url: at least one is required; without it vllm-router checks no client key")
+    # vllm_router: only in the router's own venv; the key check server here runs without it.
     from vllm_router.launch_router import parse_router_args
     from vllm_router.router import policy_from_str
 
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"routerlaunch: {error}", file=sys.stderr)
         return 2
+    # vllm_router: only in the router's own venv; the key check server here runs without it.
     from vllm_router.router import Router
     from vllm_router_rs import Router as _Router
 

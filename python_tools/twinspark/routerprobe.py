@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from twinspark import api
+
 # Every path vllm-router 0.1.17 serves (its src/server.rs build_app: protected, public, admin and worker routes), plus
 # one it does not (handled by its transparent-proxy fallback): each must refuse a request without the fleet's key.
 ROUTER_PATHS = [
@@ -102,8 +104,6 @@ def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) 
 
 def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float) -> tuple[int | None, str]:
     """One request through the project's one API client (twinspark.api): (status, body), or (None, why)."""
-    from twinspark import api
-
     headers = {"Content-Type": "application/json", **api.auth_headers(key)}
     with api.session() as http:
         result, response = api.request(http, method, url, timeout_s, data=body, headers=headers)

@@ -32,7 +32,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from twinspark import layout, patching
+from twinspark import envfile, launcher, layout, patching, runtimes, settings, vllm_entry, vllmcheck
+from twinspark.model import snapshot_dir
 
 PACKAGE = "twinspark"
 
@@ -69,8 +70,6 @@ DEFAULT_ENV_FILE = "/etc/twinspark/serve.env"
 def flavour_from_env(path: Path) -> str | None:
     """The flavour an env file selects: its TWINSPARK_RUNTIME_FLAVOUR, the registry's default when unset or empty
     there, None when the file cannot be read (not written yet on a fresh node)."""
-    from twinspark import envfile, settings
-
     read = envfile.read_files([path])
     if read.refused:
         return None
@@ -114,8 +113,6 @@ def facts(
 def runtime_id_of(site_packages: Path) -> str | None:
     """The versioned runtime a site-packages belongs to (<root>/<id>/venv/lib/pythonX.Y/site-packages, links
     resolved: /opt/twinspark/venv goes through `current`), None outside that layout."""
-    from twinspark import runtimes
-
     parts = site_packages.resolve().parts
     if len(parts) >= 5 and parts[-4] == "venv" and runtimes.is_id(parts[-5]):
         return parts[-5]
@@ -144,8 +141,6 @@ def survey(site_packages: Path, patches_dir: Path, only: list[str] | None, flavo
     """Everything the vllm_runtime role reads of a staged runtime, from one process: its site-packages, the patch
     status (as `twinspark patch status --json` prints it, exit_code included), which fork-only knobs it reads (as
     `twinspark runtime knobs`) and its facts (as `twinspark runtime facts --json`)."""
-    from twinspark import runtimes
-
     try:
         outcome = patching.run("status", site_packages, patches_dir, only)
         patch = patching.as_json(outcome, site_packages)
@@ -184,8 +179,6 @@ def model_config_path(values: dict[str, str]) -> Path | None:
     revision = values.get("MODEL_REVISION")
     if not model or not revision:
         return None
-    from twinspark.model import snapshot_dir
-
     return snapshot_dir(values.get("HF_HOME", "/var/lib/twinspark/hf"), model, revision) / "config.json"
 
 
@@ -200,6 +193,7 @@ def parse_capability(text: str) -> tuple[int, int]:
 def visible_capability() -> tuple[int, int] | None:
     """The first visible GPU's compute capability, or None when torch sees none."""
     try:
+        # torch: only in the serving venv, and seconds to import.
         import torch
 
         if torch.cuda.is_available():
@@ -211,8 +205,6 @@ def visible_capability() -> tuple[int, int] | None:
 
 
 def _check_command(args: argparse.Namespace) -> int:
-    from twinspark import launcher, settings, vllm_entry, vllmcheck
-
     name = "twinspark runtime check"
     if not args.env_files and not args.environ:
         print(f"{name}: give --env FILE (repeatable) or --environ", file=sys.stderr)
@@ -258,6 +250,7 @@ def _check_command(args: argparse.Namespace) -> int:
         # never into the service user's cache directories (root-owned files there would break the next start).
         os.environ.update({key: str(Path(scratch) / key.lower()) for key in SCRATCH_DIRS})
         try:
+            # vllm: only in the serving venv; importing it is the check.
             import vllm  # noqa: F401
         except ImportError as exc:
             print(f"{name}: vLLM is not importable here ({exc}); run it with the serving venv's python "
@@ -340,6 +333,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=survey.__doc__)
     _runtime_options(surveyed)
     surveyed.set_defaults(func=_survey_command)
-    from twinspark import runtimes
-
     runtimes.add_verbs(verbs)

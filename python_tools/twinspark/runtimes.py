@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import layout
+from twinspark.atomic import fsync_dir, write_atomic
 
 DEFAULT_ROOT = layout.current().runtime_root
 CURRENT = "current"
@@ -202,8 +203,6 @@ def replace_link(root: Path, name: str, target: str) -> bool:
     temporary.unlink(missing_ok=True)
     os.symlink(target, temporary)
     os.replace(temporary, root / name)
-    from twinspark.atomic import fsync_dir
-
     fsync_dir(root)
     return True
 
@@ -416,8 +415,6 @@ def _rollback_command(args: argparse.Namespace) -> int:
     if plan.changed:
         replace_link(root, PREVIOUS, plan.previous)
         replace_link(root, CURRENT, plan.current)
-        from twinspark.atomic import write_atomic
-
         write_atomic(marker, f"{plan.previous}\n".encode(), mode=0o644)
     print(json.dumps({"changed": plan.changed, "current": plan.current, "previous": plan.previous}))
     return 0

@@ -50,6 +50,7 @@ def install_alias() -> None:
 def main(argv: list[str] | None = None) -> int:
     install_alias()
     keys = take_api_keys(os.environ)
+    # vllm: only in the serving venv, and seconds to import.
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv), *keys]

@@ -20,6 +20,7 @@ Checked against vLLM 0.33.0 (file:line below are that release's):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
 import re
@@ -79,8 +80,6 @@ CLI_ARGS_MODULES = (
 
 
 def _serve_cli_args():
-    import importlib
-
     for name in CLI_ARGS_MODULES:
         try:
             return importlib.import_module(name)
@@ -93,6 +92,7 @@ def _serve_cli_args():
 def serve_args(argv: Sequence[str], report: Report):
     """vLLM's `vllm serve` parser, `validate_parsed_serve_args` and `AsyncEngineArgs.from_cli_args` on argv (the
     words after `serve`). Returns the engine args, or None after adding a finding."""
+    # vllm: only in the serving venv, and seconds to import.
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -143,6 +143,7 @@ def attention_findings(
     assume_kernels: bool = False,
 ) -> None:
     """vLLM's DeepSeek-V4 attention choice and its backend's verdict for this KV-cache dtype on `capability`."""
+    # vllm and torch: only in the serving venv, and seconds to import.
     import torch
     from vllm.models.deepseek_v4 import attention as dsv4_attention
     from vllm.models.deepseek_v4.nvidia import model as dsv4_model
@@ -166,6 +167,7 @@ def attention_findings(
         resolved = kv_cache_dtype
     patch = contextlib.nullcontext()
     if assume_kernels:
+        # vllm: only in the serving venv, and seconds to import.
         import vllm.utils.flashinfer as flashinfer_utils
 
         patch = _patched(flashinfer_utils, "has_flashinfer_sparse_mla_sm120", lambda: True)
@@ -223,10 +225,12 @@ def moe_findings(moe_backend: str, hf_config: Mapping, report: Report) -> None:
         return
     try:
         if experts == "mxfp4":
+            # vllm: only in the serving venv; each expert format has its own oracle module.
             from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import map_mxfp4_backend
 
             map_mxfp4_backend(moe_backend)
         elif experts == "nvfp4":
+            # vllm: only in the serving venv; each expert format has its own oracle module.
             from vllm.model_executor.layers.fused_moe.oracle import nvfp4
 
             chosen = nvfp4.map_nvfp4_backend(moe_backend)

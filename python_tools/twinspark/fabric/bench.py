@@ -12,6 +12,7 @@ The arithmetic is pure; torch is imported only when a benchmark really runs.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -156,8 +157,7 @@ def run_all_reduce(
 
     Each size's time is the slowest rank's mean per iteration, so both ranks report the same figures.
     """
-    import datetime
-
+    # torch: only in the serving venv, and seconds to import; only the all-reduce itself needs it.
     import torch
     import torch.distributed as dist
 

@@ -3,7 +3,3 @@
 `twinspark health` (command.py) is the one entry point used by the terminal, playbooks/health.yml and the
 twinspark-health.timer on the head.
 """
-
-from twinspark.health.command import register
-
-__all__ = ["register"]

@@ -27,6 +27,8 @@ RANK = {**STATUS_ORDER, UNKNOWN: 1}
 # The textfile's per-check value: an unknown check is -1, so an alert on `== 2` never pages for a check that could
 # not look, and one on `< 0` can say so.
 PROM_VALUE = {**STATUS_ORDER, UNKNOWN: -1}
+# How each status reads in the tables (a single sweep's and a fleet's).
+MARKS = {OK: "ok", DEGRADED: "DEGRADED", FAILED: "FAILED", UNKNOWN: "UNKNOWN"}
 
 # The node label of checks that concern both nodes (cross-node comparisons) or the serving API of the pair.
 PAIR = "pair"

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from twinspark import netguard
-from twinspark.health import checks, fleetreport, report
+from twinspark import api, netguard, routerprobe
+from twinspark.health import checks, fleetreport, gather, remote, report
 from twinspark.health.checks import CheckResult
-from twinspark.inventory import InventoryError, default_inventory, read_inventory
+from twinspark.inventory import InventoryError, default_inventory, read_fleet, read_inventory
 
 EPILOG = """\
 modes:
@@ -91,8 +91,6 @@ def node_summary(facts: Mapping[str, object]) -> dict[str, object]:
 
 
 def local_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict]:
-    from twinspark.health import gather
-
     env_facts, env = gather.read_env(args.env or (gather.SERVE_ENV, gather.SECRETS_ENV))
     name = args.node or gather.node_name()
     results: list[CheckResult] = []
@@ -103,8 +101,6 @@ def local_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict
         nodes[name] = node_summary(facts)
     metrics: dict[str, object] = {}
     if args.pair or (gather.is_head(env) and not args.no_pair):
-        from twinspark import api
-
         url = api.url_from_env(env)
         served = env.get("SERVED_MODEL_NAME") or None
         pair = api.gather(url, served, api.first_key(env), args.timeout, ca=api.tls_ca(env))
@@ -115,8 +111,6 @@ def local_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict
 
 
 def cross_checks(summaries: Mapping[str, Mapping[str, object]]) -> list[CheckResult]:
-    from twinspark.health import gather
-
     try:
         per_node, secret = gather.registry_flags()
     except (ImportError, OSError, AttributeError):
@@ -144,8 +138,6 @@ def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_
                pair_name: str | None = None) -> tuple[list[CheckResult], dict, dict, dict[str, str]]:
     """`sweep_inventory` for one pair (in a fleet: the pair called `pair_name`), plus the head's env values (the
     key among them: kept in memory, never printed)."""
-    from twinspark.health import remote
-
     source = inventory or default_inventory()
     pair = read_inventory(source) if pair_name is None else read_inventory(source, pair_name)
     netguard.check([pair.head.host, pair.worker.host, pair.api_url])
@@ -194,8 +186,6 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     """Every pair of a fleet (`inventory.FleetView`) swept as a one-pair inventory is, one after another, then the
     router's worker list (asked with the first pair's key, which the router's key file holds too). `others`: URLs
     of the fleet's pairs left out by --limit, which the router lists without being judged for it."""
-    from twinspark import api
-
     seen: list[fleetreport.PairSeen] = []
     key: str | None = None
     if view.problems:
@@ -214,16 +204,12 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     netguard.check([view.router_url])
     ask = list_workers or _list_workers
     status, body = ask(view.router_url, key, timeout)
-    from twinspark import routerprobe
-
     listed = routerprobe.listed_from_answer(status, body)
     router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
     return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)
 
 
 def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
-    from twinspark import routerprobe
-
     return routerprobe.request(url, "/list_workers", key, timeout_s=timeout)
 
 
@@ -252,8 +238,6 @@ def _fleet_answer(inventory: str | None, timeout: float, limit: str | None = Non
     """The fleet's report and exit code when the inventory is a fleet (every pair, or those in `limit`, and the
     router); None for a one-pair inventory, which goes on as it always did. An unreadable inventory, a bad `limit`,
     or a `limit` on a one-pair inventory: one line, exit 2."""
-    from twinspark.inventory import read_fleet
-
     try:
         view = read_fleet(inventory or default_inventory())
         if view is None:

@@ -17,8 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from twinspark.health.checks import DEGRADED, FAILED, OK, RANK, STATUS_ORDER, CheckResult, exit_code, overall, worst
-from twinspark.health.report import MARKS
+from twinspark.health.checks import (
+    DEGRADED,
+    FAILED,
+    MARKS,
+    OK,
+    RANK,
+    STATUS_ORDER,
+    CheckResult,
+    exit_code,
+    overall,
+    worst,
+)
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,21 @@ output; the defaults are the real thing.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
+import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from twinspark import firewall, layout, systemd
+from twinspark import envfile, firewall, gpu, layout, patching, runtime, runtimes, settings, systemd, validate
+from twinspark import model as checkpoint
+from twinspark.fabric import gid, links, sysfs
 
 SERVE_ENV = Path("/etc/twinspark/serve.env")
 SECRETS_ENV = Path("/etc/twinspark/secrets.env")
@@ -56,8 +61,6 @@ def read_env_files(paths: Sequence[Path]) -> tuple[dict[str, str], dict[str, str
 
     Returns (merged mapping, name -> file it came from, file -> "ok" or why it was not read, reading problems).
     """
-    from twinspark import envfile
-
     files: dict[str, str] = {}
     readable: list[Path] = []
     for path in paths:
@@ -74,8 +77,6 @@ def read_env_files(paths: Sequence[Path]) -> tuple[dict[str, str], dict[str, str
 
 def validate_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """(the normalised env, the validator's problems); problem messages never carry secret values."""
-    from twinspark import validate
-
     result = validate.validate(env)
     return {**result.values, **result.others}, [str(problem) for problem in result.problems]
 
@@ -85,8 +86,6 @@ def registry_flags() -> tuple[set[str], set[str]]:
 
     A file installed on the head only (`installed_as`: the API's TLS certificate and key) is named in the head's env
     file alone, so it is not a setting both nodes must share."""
-    from twinspark import settings
-
     knobs = settings.load().knobs
     return ({k.env for k in knobs if k.per_node or k.installed_as is not None},
             {k.env for k in knobs if k.secret})
@@ -162,8 +161,6 @@ def read_processes(main_pid: int, unit: str = UNIT, proc: Path = Path("/proc")) 
 
 def read_gpu() -> dict[str, object]:
     """GPU facts from twinspark.gpu (nvidia-smi), in the shape check_gpu reads."""
-    from twinspark import gpu
-
     return gpu_facts(gpu.run_nvidia_smi().to_dict())
 
 
@@ -181,8 +178,6 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
     """Each socket interface's state from sysfs and getifaddrs(3) (`fabric.sysfs.read_link`: the shape `ip -j addr`
     gives, readable inside the health timer's and the guard's sandboxes, where `ip` itself is refused), and on gb10
     whether a RoCE v2 GID index resolves for NCCL_IB_HCA. `unknown` says the interfaces could not be looked at."""
-    from twinspark.fabric import links, sysfs
-
     reader = read_link or sysfs.read_link
     names = links.fabric_ifnames(env)
     interfaces = []
@@ -196,8 +191,6 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
     facts: dict[str, object] = {"interfaces": interfaces, "expected_address": env.get("VLLM_HOST_IP", "")}
     if gb10 and env.get("NCCL_IB_HCA"):
         try:
-            from twinspark.fabric import gid
-
             # The launcher's order (GID_MATCH_IP, the socket interface's address, VLLM_HOST_IP, ...), with the
             # addresses `ip` just reported, so health resolves the index the launcher will.
             seen = {str(i["ifname"]): list(i["addresses"]) for i in interfaces}
@@ -217,8 +210,6 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
 def read_model(env: Mapping[str, str]) -> dict[str, object]:
     """Where the configured model is on this node and what `twinspark model verify` finds wrong with it: the same
     rules as the model role (every shard at full size, and every file of the manifest when there is one)."""
-    from twinspark import model as checkpoint
-
     model = env.get("MODEL", "")
     revision = env.get("MODEL_REVISION", "")
     facts: dict[str, object] = {"model": model, "revision": revision, "path": None, "missing": [], "shards": 0}
@@ -270,11 +261,6 @@ def read_firewall(run: Run = run_command, state_path: Path | None = None) -> dic
 def read_runtime() -> dict[str, object]:
     """vLLM, torch, patch state and the twinspark package digest, as runtime.py reports them (metadata only:
     importing torch would take seconds)."""
-    import importlib.metadata
-    import sysconfig
-
-    from twinspark import patching, runtime
-
     patches_dir = Path(os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR))
     return runtime.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
 
@@ -282,11 +268,6 @@ def read_runtime() -> dict[str, object]:
 def read_unread_knobs(env: Mapping[str, str], prefix: Path | None = None) -> list[str]:
     """The knobs set in the env files that this runtime never reads (twinspark.runtimes): recorded by the role in
     the runtime's runtime.json, else looked up in the installed vLLM's code."""
-    import sys
-    import sysconfig
-
-    from twinspark import runtimes
-
     prefix = Path(sys.prefix) if prefix is None else prefix
     reads = runtimes.runtime_record_reads(prefix)
     if reads is None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from twinspark import api
 from twinspark.inventory import Connection, Node, Pair, describe_ssh_error, read_remote_env
 
 
@@ -48,8 +49,6 @@ class SweepResult:
 
 def sweep(pair: Pair, timeout: float, nodes: bool = True, probe_pair: bool = True) -> SweepResult:
     """Both nodes' agents and the pair's API, all at once. Each part's failure is recorded, never raised."""
-    from twinspark import api
-
     head_env: Future = Future()
     reports: dict[str, dict[str, object]] = {}
     errors: dict[str, str] = {}

@@ -23,6 +23,8 @@ import errno
 import fcntl
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinspark import drain, layout
+from twinspark import atomic, drain, layout, safeio
 from twinspark.guard_rules import Probe
 from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 
@@ -160,8 +162,6 @@ def finish_the_kill(unit: str, log: Callable[[int, str], None]) -> list[int]:
     once TimeoutStopSec= has passed, done now because nothing is left for them to do; the PIDs signalled.
 
     Acts only when this process's cgroup is `unit`'s own: anywhere else (a shell, a test, a slice) it does nothing."""
-    import signal
-
     try:
         path = cgroup_path(Path("/proc/self/cgroup").read_text())
     except OSError:
@@ -191,8 +191,6 @@ def finish_the_kill(unit: str, log: Callable[[int, str], None]) -> list[int]:
 def wait_exit(pid: int) -> str:
     """Block until process `pid` ends, without polling (a pidfd: Linux 5.3, Python 3.9); how it ended the wait:
     'ended', 'gone' (it had ended before the watch began), or why it cannot be watched."""
-    import select
-
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -211,8 +209,6 @@ def wait_exit(pid: int) -> str:
 
 def system_state(timeout_s: float = 3.0) -> str:
     """`systemctl is-system-running`'s answer ('' when it cannot be asked: then the kick goes out)."""
-    import subprocess
-
     try:
         out = subprocess.run(["systemctl", "is-system-running"], capture_output=True, text=True, timeout=timeout_s,
                              check=False)
@@ -443,8 +439,6 @@ def pause_line(pause: Pause, now: float) -> str:
 def read_pause(path: str) -> Pause | None:
     """The pause marker, or None when the guard is not paused. A marker that is not a small regular file (a link,
     a FIFO) is refused by reading it as a pause that says so: the guard stays paused rather than guess."""
-    from twinspark import safeio
-
     try:
         os.lstat(path)
     except FileNotFoundError:
@@ -460,8 +454,6 @@ def read_pause(path: str) -> Pause | None:
 
 
 def write_pause(path: str, reason: str, by: str, expires_in_s: float | None = None) -> None:
-    from twinspark import atomic
-
     now = time.time()
     expires = None if expires_in_s is None else now + expires_in_s
     atomic.write_atomic(path, pause_record(reason, by, now, expires), mode=0o600)
@@ -755,8 +747,6 @@ def watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool, 
         if os.fork() > 0:
             return 0
         os.setsid()
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     code = 0
     try:
