@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 import yaml
+from test_layout import _code_lines
 
 from twinspark import fleet, generate, settings
 
@@ -177,8 +180,22 @@ def test_a_pairs_own_settings_problem_carries_the_pairs_name(tmp_path):
     assert problems and all(line.startswith("pair pair_b: ") for line in problems), problems
 
 
-def test_the_default_api_port_matches_the_registry():
-    assert settings.load()["VLLM_PORT"].default == fleet.DEFAULT_API_PORT
+def test_the_router_lists_a_head_at_its_inventory_port_else_the_registrys_default():
+    default = settings.load()["VLLM_PORT"].default
+    assert fleet.head_url({"ansible_host": "10.0.0.1"}, "a1") == f"http://10.0.0.1:{default}"
+    tls = {"twinspark_vllm_port": "9000", "twinspark_vllm_tls_cert": "/etc/ssl/head.crt"}
+    assert fleet.head_url(tls, "fd00::1") == "https://[fd00::1]:9000"
+    with pytest.raises(ValueError, match="twinspark_vllm_port"):
+        fleet.head_url({"twinspark_vllm_port": "not-a-port"}, "a1")
+
+
+def test_the_api_ports_default_is_written_in_the_registry_only():
+    """settings.yml's VLLM_PORT default is the one place: no module of the package spells it again in code."""
+    default = str(settings.load()["VLLM_PORT"].default)
+    package = Path(fleet.__file__).parent
+    spelled = [f"{path.relative_to(package)}: {line.strip()}" for path in sorted(package.rglob("*.py"))
+               for line in _code_lines(path, path.read_text(encoding="utf-8")) if re.search(rf"\b{default}\b", line)]
+    assert not spelled, f"use twinspark.api.default_port() (settings.yml) instead of {default}: {spelled}"
 
 
 def test_the_fleet_summary_names_every_pair_and_the_router(tmp_path):

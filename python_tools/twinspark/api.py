@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-DEFAULT_PORT = 8888
+from twinspark import settings
 
 # Env names (serve.env) and inventory variables of the TLS settings (python_tools/twinspark/settings.yml).
 TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "TWINSPARK_VLLM_TLS_CERT", "TWINSPARK_VLLM_TLS_KEY", "TWINSPARK_VLLM_TLS_CA"
@@ -110,15 +110,20 @@ def tls_ca_from_inventory(head_vars: Mapping[str, object]) -> str | None:
     return str(head_vars.get(TLS_CA_VAR) or "").strip() or cert
 
 
+def default_port() -> int:
+    """The API port when the env or inventory names none: VLLM_PORT's default in the knob registry (settings.yml)."""
+    return int(settings.load()["VLLM_PORT"].default)
+
+
 def url_from_env(env: Mapping[str, str]) -> str:
     """The base URL a client on the head uses, from VLLM_HOST (the bind), VLLM_PORT and the TLS settings."""
-    return base_url(env.get("VLLM_HOST") or "", env.get("VLLM_PORT") or DEFAULT_PORT, tls=tls_ca(env) is not None)
+    return base_url(env.get("VLLM_HOST") or "", env.get("VLLM_PORT") or default_port(), tls=tls_ca(env) is not None)
 
 
 def api_from_env(env: Mapping[str, str]) -> Api:
     """The head's API as its env files describe it (VLLM_HOST, VLLM_PORT, SERVED_MODEL_NAME, MAX_MODEL_LEN, keys,
     TLS). Probes send the first key (roles/vllm_service/README.md). Raises ValueError naming the fix."""
-    port = int(str(env.get("VLLM_PORT") or DEFAULT_PORT), 10)
+    port = int(str(env.get("VLLM_PORT") or default_port()), 10)
     max_len = str(env.get("MAX_MODEL_LEN") or "").strip()
     served = (env.get("SERVED_MODEL_NAME") or "").strip()
     if not served:

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twinspark import nodeenv
+from twinspark import api, nodeenv
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -42,7 +42,6 @@ FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 ROUTER_URL_VAR = "twinspark_router_url"
 ROUTER_PAIR_URL_VAR = "twinspark_router_pair_url"
 API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
-DEFAULT_API_PORT = 8888  # settings.yml VLLM_PORT's default; a test keeps the two equal
 DEFAULT_ROUTER_PORT = 30000
 DEFAULT_ROUTER_METRICS_PORT = 29000
 RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP, SINGLE_PAIR})
@@ -187,12 +186,12 @@ def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple
 
 
 def head_url(head: Mapping[str, Any], name: str) -> str:
-    """A pair's head API as the router lists it: http(s)://<ansible_host or name>:<API port>."""
-    address = str(head.get("ansible_host") or name)
-    port = int(str(head.get(API_PORT_VAR, DEFAULT_API_PORT)))
-    scheme = "https" if head.get("twinspark_vllm_tls_cert") else "http"
-    host = f"[{address}]" if ":" in address else address
-    return f"{scheme}://{host}:{port}"
+    """A pair's head API as the router lists it: http(s)://<ansible_host or name>:<API port>, the port as the head's
+    env file will carry it (twinspark_vllm_port through nodeenv, else the registry's default) and https when the
+    head serves TLS: the same URL `twinspark health` and bench build from the inventory (twinspark.api.base_url).
+    Raises ValueError naming twinspark_vllm_port when it is not a port."""
+    port = nodeenv.head_setting(head, "VLLM_PORT") or api.default_port()
+    return api.base_url(str(head.get("ansible_host") or name), port, tls=api.tls_ca_from_inventory(head) is not None)
 
 
 def router_url(router: Mapping[str, Any], name: str) -> str:
@@ -251,7 +250,7 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
         endpoints.setdefault((_address(host, host_vars.get(host, {})), port), []).append(f"{host} {what} ({var})")
 
     for pair in found:
-        listen(pair.head, API_PORT_VAR, DEFAULT_API_PORT, f"pair {pair.name} API")
+        listen(pair.head, API_PORT_VAR, api.default_port(), f"pair {pair.name} API")
     for router in routers:
         listen(router, ROUTER_PORT_VAR, DEFAULT_ROUTER_PORT, "router API")
         listen(router, ROUTER_METRICS_PORT_VAR, DEFAULT_ROUTER_METRICS_PORT, "router metrics")

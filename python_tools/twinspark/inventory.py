@@ -161,7 +161,7 @@ def api_port(value: Callable[[str], object], source: str | Path = "the inventory
         port = nodeenv.head_setting({knob.var: value(knob.var), profile_var: value(profile_var)}, knob.env, registry)
     except nodeenv.NodeEnvError as error:
         raise InventoryError(f"inventory {source}: " + "; ".join(error.problems)) from None
-    return int(port or api.DEFAULT_PORT)
+    return int(port or api.default_port())
 
 
 class Connection:

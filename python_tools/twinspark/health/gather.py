@@ -31,7 +31,6 @@ STATE_DIR = Path(layout.current().state_dir)
 UNIT = layout.current().unit_vllm
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "Result",
                    "ExecMainStatus", "ActiveEnterTimestamp")
-DEFAULT_PORT = 8888
 COMMAND_TIMEOUT_S = 10
 
 # A process runs vLLM when one of its first arguments is the vllm entry point, a vLLM module, or a title vLLM sets
