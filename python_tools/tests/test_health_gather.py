@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import threading
@@ -13,7 +14,7 @@ import pytest
 
 from twinspark import api as head_api
 from twinspark.health import checks, gather
-from twinspark.health.checks import FAILED, OK
+from twinspark.health.checks import FAILED, OK, UNKNOWN
 
 DiskUsage = namedtuple("DiskUsage", "total used free")
 
@@ -341,6 +342,9 @@ def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path, monkey
     # The disk's free space is this machine's: pin it (200 GiB free), so the disk verdict is known in advance.
     monkeypatch.setattr(gather.shutil, "disk_usage",
                         lambda path: DiskUsage(total=1000 * 2**30, used=800 * 2**30, free=200 * 2**30))
+    # No fabric measurement kept on this node (the record's path is pinned to one that is not there).
+    monkeypatch.setattr(gather, "read_bandwidth",
+                        functools.partial(gather.read_bandwidth, record_path=str(tmp_path / "no-record.json")))
     paths = write_env(tmp_path, CPU_HEAD, "VLLM_API_KEY=first-key\n")
     env_facts, env = gather.read_env(paths)
     run = recorded_run({"systemctl show": (FIXTURES / "recorded_systemctl_show_sim_not_installed.txt").read_text(),
@@ -349,7 +353,7 @@ def test_a_whole_node_from_recorded_commands_and_real_env_files(tmp_path, monkey
     assert facts["profile"] == "cpu" and facts["gpu"] is None and facts["rank"] == "0"
     statuses = {r.check: r.status for r in checks.node_checks("node1", facts)}
     assert statuses == {"unit": FAILED, "process": FAILED, "fabric": FAILED, "env": OK, "model": FAILED,
-                        "disk": OK, "earlyoom": OK, "firewall": OK, "knobs": OK}
+                        "disk": OK, "earlyoom": OK, "firewall": OK, "bandwidth": UNKNOWN, "knobs": OK}
     assert facts["disk"] == {"path": str(tmp_path), "free_bytes": 200 * 2**30, "total_bytes": 1000 * 2**30}
     assert "first-key" not in json.dumps(facts, default=str)
 

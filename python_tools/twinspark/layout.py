@@ -65,6 +65,7 @@ class Layout:
     unit_firewall_watch: str
     pair_args: str
     firewall_state: str
+    bandwidth_record: str
 
     @property
     def cli(self) -> str:

@@ -12,7 +12,7 @@ play, no RDMA devices before the RDMA driver) is `{"unavailable": "<why>"}`, nev
 Every path is built from a root (`--sys`, `--proc`, `--etc`, default /sys, /proc, /etc) and directory listings, so
 the tests run it against fake trees; nothing here trusts a name it did not list itself.
 
-Run as a script: python3 collect.py [--nccl-so PATH] [--venv DIR] [--path LABEL=DIR]... [--unit NAME]
+Run as a script: python3 collect.py [--nccl-so PATH] [--venv DIR] [--path LABEL=DIR]... [--unit NAME] [--record FILE]
 """
 
 from __future__ import annotations
@@ -134,6 +134,19 @@ def disk_free(paths: dict[str, str]) -> dict[str, dict]:
         found[label] = {"path": path, "checked": checked, "free_bytes": info.f_bavail * info.f_frsize,
                         "total_bytes": info.f_blocks * info.f_frsize}
     return found
+
+
+def json_record(path: str) -> object:
+    """A small JSON file TwinSpark wrote on the node (the last fabric measurement), or why there is none."""
+    if not path:
+        return unavailable("not asked for")
+    text = read_text(path)
+    if text is None:
+        return unavailable(f"{path} is not there")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return unavailable(f"{path} is not JSON")
 
 
 def unit_active(sys_root: str, unit: str) -> dict:
@@ -437,7 +450,7 @@ def clock() -> dict:
 
 
 def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | None = None, unit: str = "",
-            sys_root: str = "/sys", proc: str = "/proc", etc: str = "/etc",
+            record: str = "", sys_root: str = "/sys", proc: str = "/proc", etc: str = "/etc",
             dpkg_status: str = "/var/lib/dpkg/status", addresses: dict[str, list[str]] | None = None,
             clock_reader=clock) -> dict:
     """Every fact, as one JSON-ready dict (docs/DOCTOR.md lists them). `addresses` and `clock_reader` stand in for
@@ -466,6 +479,7 @@ def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | 
         "pcie": pcie(sys_root),
         "rdma": rdma(sys_root),
         "clock": clock_reader(),
+        "bandwidth_record": json_record(record),
     }
 
 
@@ -483,13 +497,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path", action="append", type=_label_path, default=[], metavar="LABEL=DIR",
                         help="a directory whose filesystem's free space to report (repeatable)")
     parser.add_argument("--unit", default=None, metavar="NAME", help="the rank's unit (serving or not)")
+    parser.add_argument("--record", default=None, metavar="FILE", help="the last fabric measurement's record")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="collect.py", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    facts = collect(args.nccl_so, args.venv or "", dict(args.path), args.unit or "")
+    facts = collect(args.nccl_so, args.venv or "", dict(args.path), args.unit or "", args.record or "")
     print(json.dumps(facts, indent=1, sort_keys=True))
     return 0
 

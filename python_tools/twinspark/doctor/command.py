@@ -48,8 +48,9 @@ def _recorded(values: Mapping[str, str]) -> dict[str, str]:
 
 def collect_here(values: Mapping[str, str]) -> dict:
     lay = layout.current()
-    options = rules.collector_options(values, lay.venv, lay.state_dir, lay.unit_vllm)
-    facts = collect.collect(options["nccl_so"], str(options["venv"]), dict(options["paths"]), str(options["unit"]))
+    options = rules.collector_options(values, lay.venv, lay.state_dir, lay.unit_vllm, lay.bandwidth_record)
+    facts = collect.collect(options["nccl_so"], str(options["venv"]), dict(options["paths"]), str(options["unit"]),
+                            str(options["record"]))
     facts["settings"] = _recorded(values)
     return facts
 

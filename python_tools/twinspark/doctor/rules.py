@@ -161,19 +161,20 @@ def unknown_ids(ids: Iterable[str]) -> list[str]:
     return [i for i in ids if i not in CATALOGUE]
 
 
-def collector_options(env: Mapping[str, str], venv: str, state_dir: str, unit: str) -> dict[str, object]:
+def collector_options(env: Mapping[str, str], venv: str, state_dir: str, unit: str, record: str
+                      ) -> dict[str, object]:
     """What the collector is asked to look at on a node with these settings and this layout: the NCCL library
-    (gb10), the runtime venv, the model's and the state's filesystems, the rank's unit. The preflight (through the
-    twinspark_doctor_collect_args filter) and `twinspark doctor` on a node ask the same."""
+    (gb10), the runtime venv, the model's and the state's filesystems, the rank's unit, the last fabric
+    measurement. The preflight (filter twinspark_doctor_collect_cmd) and `twinspark doctor` ask the same."""
     model = env.get("MODEL", "")
     return {"nccl_so": env.get("VLLM_NCCL_SO_PATH", "") if env.get("TWINSPARK_PROFILE") == "gb10" else None,
-            "venv": venv, "unit": unit,
+            "venv": venv, "unit": unit, "record": record,
             "paths": {"model": model if model.startswith("/") else env.get("HF_HOME", state_dir), "state": state_dir}}
 
 
 def collector_argv(options: Mapping[str, object]) -> list[str]:
     """The same options as collect.py's command line."""
-    argv = ["--venv", str(options["venv"]), "--unit", str(options["unit"])]
+    argv = ["--venv", str(options["venv"]), "--unit", str(options["unit"]), "--record", str(options["record"])]
     if options.get("nccl_so") is not None:
         argv += ["--nccl-so", str(options["nccl_so"])]
     for label, path in dict(options.get("paths") or {}).items():

@@ -350,6 +350,23 @@ def check_firewall(node: str, facts: Mapping[str, object]) -> CheckResult:
     return ok(node, "firewall", line)
 
 
+def check_bandwidth(node: str, bandwidth: Mapping[str, object]) -> CheckResult:
+    """The fabric's last measurement on this node (docs/DOCTOR.md): it passed, and the fabric is still the one it
+    measured. `bandwidth` holds `measured` (a record exists), `passed` (its verdict), `summary` (its figures in one
+    line) and `due` (why it must be measured again, "" while it holds)."""
+    again = "ansible-playbook playbooks/fabric-check.yml (site.yml runs it before serving when it is due)"
+    if not bandwidth.get("measured"):
+        return unknown(node, "bandwidth", "no fabric measurement is recorded on this node", again)
+    summary = str(bandwidth.get("summary") or "")
+    due = str(bandwidth.get("due") or "")
+    if not bandwidth.get("passed"):
+        return degraded(node, "bandwidth", f"the last fabric measurement failed: {summary}",
+                        f"check the cable, MTU {FABRIC_MTU} on every hop and `twinspark doctor`, then {again}")
+    if due:
+        return degraded(node, "bandwidth", f"{due}: {summary}", again)
+    return ok(node, "bandwidth", summary)
+
+
 def check_knobs(node: str, runtime: Mapping[str, object]) -> CheckResult:
     """Every knob set in the env files is read by the installed runtime (fork-only knobs on a build without them
     tune nothing)."""
@@ -376,6 +393,8 @@ def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
         check_earlyoom(node, facts.get("earlyoom") or {}),
         check_firewall(node, facts.get("firewall") or {}),
     ]
+    if facts.get("bandwidth") is not None:  # an agent of an older release does not send it
+        results.append(check_bandwidth(node, facts["bandwidth"]))
     if facts.get("runtime") is not None:
         results.append(check_knobs(node, facts["runtime"]))
     return results

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from twinspark import envfile, firewall, gpu, layout, patching, runtime, runtimes, settings, systemd, validate
 from twinspark import model as checkpoint
+from twinspark.doctor import bandwidth, collect
 from twinspark.fabric import gid, links, sysfs
 
 SERVE_ENV = Path("/etc/twinspark/serve.env")
@@ -257,6 +258,24 @@ def read_firewall(run: Run = run_command, state_path: Path | None = None) -> dic
     }
 
 
+def fabric_now(sys_root: str = "/sys") -> dict[str, object]:
+    """The facts a fabric fingerprint is made of, as the doctor's collector reads them."""
+    return {"kernel": os.uname().release, "netdevs": collect.netdevs(sys_root, collect.ipv4_by_netdev()),
+            "pcie": collect.pcie(sys_root), "rdma": collect.rdma(sys_root)}
+
+
+def read_bandwidth(env: Mapping[str, str], record_path: str | None = None, sys_root: str = "/sys"
+                   ) -> dict[str, object]:
+    """The node's last fabric measurement (playbooks/fabric-check.yml keeps it), in one line, and why it no longer
+    holds ("" when it does): the fabric it measured against the fabric as sysfs shows it now."""
+    now = fabric_now(sys_root)
+    record = collect.json_record(record_path or layout.current().bandwidth_record)
+    measured = isinstance(record, Mapping) and record.get("schema") == bandwidth.RECORD_SCHEMA
+    return {"measured": measured, "passed": bool(measured and record.get("passed")),
+            "summary": bandwidth.summary(record) if measured else "",
+            "due": bandwidth.why_due(record, bandwidth.fingerprint(now, env))}
+
+
 def read_runtime() -> dict[str, object]:
     """vLLM, torch, patch state and the twinspark package digest, as runtime.py reports them (metadata only:
     importing torch would take seconds)."""
@@ -319,6 +338,7 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         "disk": read_disk(state_dir),
         "earlyoom": read_unit("earlyoom.service", run),
         "firewall": read_firewall(run),
+        "bandwidth": read_bandwidth(env),
         "runtime": {**read_runtime(), "flavour": flavour_of(env), "unread_knobs": read_unread_knobs(env)},
     }
     if profile == "gb10":
