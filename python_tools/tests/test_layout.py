@@ -135,13 +135,13 @@ def _tools_on_a_node(tmp_path: Path, values: dict[str, str]) -> dict[str, str]:
     node_file.write_text(json.dumps(values))
     code = (
         "import json\n"
-        "from twinspark import envcli, guard_rules, runtimes\n"
+        "from twinspark import envcli, guard_rules, runtime_store\n"
         "from twinspark.health import checks, gather\n"
         "from twinspark.pair import guard, lifecycle\n"
         "print(json.dumps({'guard_rules': guard_rules.UNIT, 'checks': checks.UNIT, 'gather': gather.UNIT,\n"
         "  'journal': checks.JOURNAL_HINT, 'guard': lifecycle.GUARD_SERVICE, 'lock': lifecycle.DEFAULT_LOCK_FILE,\n"
         "  'pause': lifecycle.DEFAULT_PAUSE_FILE, 'state': guard.DEFAULT_STATE_FILE,\n"
-        "  'runtimes': runtimes.DEFAULT_ROOT}))\n"
+        "  'runtimes': runtime_store.DEFAULT_ROOT}))\n"
     )
     env = {**os.environ, layout.LAYOUT_FILE_ENV: str(node_file)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,

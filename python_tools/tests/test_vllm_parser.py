@@ -227,12 +227,12 @@ def test_runtime_check_without_vllm_is_exit_1_naming_the_venv(tmp_path, capsys):
 
 
 def test_model_config_path_is_the_pinned_snapshot_or_the_local_directory():
-    from twinspark import runtime
+    from twinspark import installed_runtime
 
     values = {"MODEL": "org/name", "MODEL_REVISION": "abc", "HF_HOME": "/hf"}
-    assert str(runtime.model_config_path(values)) == "/hf/hub/models--org--name/snapshots/abc/config.json"
-    assert str(runtime.model_config_path({"MODEL": "/m"})) == "/m/config.json"
-    assert runtime.model_config_path({"MODEL": "org/name", "MODEL_REVISION": ""}) is None
+    assert str(installed_runtime.model_config_path(values)) == "/hf/hub/models--org--name/snapshots/abc/config.json"
+    assert str(installed_runtime.model_config_path({"MODEL": "/m"})) == "/m/config.json"
+    assert installed_runtime.model_config_path({"MODEL": "org/name", "MODEL_REVISION": ""}) is None
 
 
 if __name__ == "__main__":

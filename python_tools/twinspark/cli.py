@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "refuse to dial a simulated-pair address whose route would leave this machine"),
     "pair": ("twinspark.pair.cli", "keep the two ranks serving as one pair (runs on the head)"),
     "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
-    "runtime": ("twinspark.runtime", "report the installed serving runtime (vLLM, torch, patches)"),
+    "runtime": ("twinspark.installed_runtime", "report the installed serving runtime (vLLM, torch, patches)"),
     "tls": ("twinspark.tls", "the API's optional TLS (make a self-signed test certificate)"),
 }
 

@@ -21,7 +21,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from twinspark import envfile, firewall, gpu, layout, patching, runtime, runtimes, settings, systemd, validate
+from twinspark import (
+    envfile,
+    firewall,
+    gpu,
+    installed_runtime,
+    layout,
+    patching,
+    runtime_store,
+    settings,
+    systemd,
+    validate,
+)
 from twinspark import model as checkpoint
 from twinspark.doctor import bandwidth, collect
 from twinspark.fabric import gid, links, sysfs
@@ -277,20 +288,20 @@ def read_bandwidth(env: Mapping[str, str], record_path: str | None = None, sys_r
 
 
 def read_runtime() -> dict[str, object]:
-    """vLLM, torch, patch state and the twinspark package digest, as runtime.py reports them (metadata only:
+    """vLLM, torch, patch state and the twinspark package digest, as installed_runtime.py reports them (metadata only:
     importing torch would take seconds)."""
     patches_dir = Path(os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR))
-    return runtime.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
+    return installed_runtime.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
 
 
 def read_unread_knobs(env: Mapping[str, str], prefix: Path | None = None) -> list[str]:
-    """The knobs set in the env files that this runtime never reads (twinspark.runtimes): recorded by the role in
+    """The knobs set in the env files that this runtime never reads (twinspark.runtime_store): recorded by the role in
     the runtime's runtime.json, else looked up in the installed vLLM's code."""
     prefix = Path(sys.prefix) if prefix is None else prefix
-    reads = runtimes.runtime_record_reads(prefix)
+    reads = runtime_store.runtime_record_reads(prefix)
     if reads is None:
-        reads = runtimes.knob_readers(Path(sysconfig.get_paths()["purelib"]))
-    return runtimes.unread_knobs(env, reads)
+        reads = runtime_store.knob_readers(Path(sysconfig.get_paths()["purelib"]))
+    return runtime_store.unread_knobs(env, reads)
 
 
 # ---------------------------------------------------------------------------------------------------------------

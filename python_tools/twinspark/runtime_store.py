@@ -468,7 +468,7 @@ def _prune_command(args: argparse.Namespace) -> int:
 
 
 def add_verbs(verbs: argparse._SubParsersAction) -> None:
-    """Add list/switch/prune to the `twinspark runtime` verbs (called by twinspark.runtime.register)."""
+    """Add list/switch/prune to the `twinspark runtime` verbs (called by twinspark.installed_runtime.register)."""
     for name, func, text in (("list", _list_command, "the installed runtimes, current and previous marked"),
                              ("switch", _switch_command, "point `current` at a runtime (or back at `previous`)"),
                              ("knobs", _knobs_command,

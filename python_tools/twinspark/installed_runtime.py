@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from twinspark import envfile, launcher, layout, patching, runtimes, settings, vllm_entry, vllmcheck
+from twinspark import envfile, launcher, layout, patching, runtime_store, settings, vllm_entry, vllmcheck
 from twinspark.model import snapshot_dir
 
 PACKAGE = "twinspark"
@@ -114,7 +114,7 @@ def runtime_id_of(site_packages: Path) -> str | None:
     """The versioned runtime a site-packages belongs to (<root>/<id>/venv/lib/pythonX.Y/site-packages, links
     resolved: /opt/twinspark/venv goes through `current`), None outside that layout."""
     parts = site_packages.resolve().parts
-    if len(parts) >= 5 and parts[-4] == "venv" and runtimes.is_id(parts[-5]):
+    if len(parts) >= 5 and parts[-4] == "venv" and runtime_store.is_id(parts[-5]):
         return parts[-5]
     return None
 
@@ -146,7 +146,7 @@ def survey(site_packages: Path, patches_dir: Path, only: list[str] | None, flavo
         patch = patching.as_json(outcome, site_packages)
     except patching.PatchError as exc:
         patch = {"action": "status", "exit_code": exc.exit_code, "error": str(exc), "patches": []}
-    return {"site_packages": str(site_packages), "patch": patch, "knobs": runtimes.knob_readers(site_packages),
+    return {"site_packages": str(site_packages), "patch": patch, "knobs": runtime_store.knob_readers(site_packages),
             "facts": facts(site_packages, patches_dir, lambda name: _find(name, site_packages), only, flavour)}
 
 
@@ -333,4 +333,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=survey.__doc__)
     _runtime_options(surveyed)
     surveyed.set_defaults(func=_survey_command)
-    runtimes.add_verbs(verbs)
+    runtime_store.add_verbs(verbs)
