@@ -379,3 +379,15 @@ def test_vllm_runs_from_the_runtime_the_pointer_named_at_start(tmp_path):
     stable = str(tmp_path / "venv")
     assert launcher.pinned_python(stable + "/bin/python", stable, "/usr") == str(runtime.resolve() / "bin" / "python")
     assert launcher.pinned_python("/usr/bin/python3", "/usr", "/usr") == "/usr/bin/python3"
+
+
+@pytest.mark.parametrize("profile", ["gb10", "cpu"])
+def test_usage_statistics_are_off_for_every_rank_unless_the_knob_allows_them(profile):
+    for rank in (0, 1):
+        values = validate.validate({**nodeenv.example_env(profile, rank)[0]}).values
+        env = launcher.build_command(values).process_env({"HOME": "/root"})
+        assert (env["VLLM_NO_USAGE_STATS"], env["DO_NOT_TRACK"]) == ("1", "1"), (profile, rank)
+        allowed = launcher.build_command({**values, "TWINSPARK_USAGE_STATS": "1"})
+        assert "VLLM_NO_USAGE_STATS" not in allowed.env and "DO_NOT_TRACK" not in allowed.env
+        inherited = allowed.process_env({"VLLM_NO_USAGE_STATS": "1", "HOME": "/root"})
+        assert "VLLM_NO_USAGE_STATS" not in inherited, "the knob is what decides, not the caller's environment"

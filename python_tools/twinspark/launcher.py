@@ -99,6 +99,11 @@ def pinned_python(executable: str, prefix: str, base_prefix: str, realpath=os.pa
     return os.path.join(realpath(prefix), "bin", os.path.basename(executable))
 
 
+USAGE_STATS_ENV = "TWINSPARK_USAGE_STATS"
+# The fixed variables (settings.yml, common) that keep vLLM's usage statistics off; TWINSPARK_USAGE_STATS=1 drops them.
+TELEMETRY_OFF = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
+
+
 def build_command(
     values: Mapping[str, str],
     others: Mapping[str, str] | None = None,
@@ -136,10 +141,14 @@ def build_command(
         if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
     env.update(registry.fixed_env(profile, flavour))
+    if values.get(USAGE_STATS_ENV) == "1":  # the operator lets vLLM report usage: drop the fixed opt-outs
+        for name in TELEMETRY_OFF:
+            env.pop(name, None)
     # vLLM's own start-up waits, derived from the pair's one first-boot budget (twinspark/budget.py).
     first_boot = values.get(budget.BUDGET_ENV) or registry[budget.BUDGET_ENV].default_for(profile)
     env.update(budget.vllm_env(profile, first_boot or ""))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)
+    unset += [name for name in TELEMETRY_OFF if name not in env]  # not even an inherited opt-out, when allowed
     secret_env = []
     keys = api_keys(values)
     # Only the head serves the API; the worker rank (--headless) gets no key at all, not even an inherited one.
