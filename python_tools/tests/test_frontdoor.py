@@ -243,3 +243,31 @@ def test_extra_vars_reach_the_playbook_intact(project):
     vars_json = '{"fail_now": true, "marker": "' + str(project / "a marker") + '"}'
     assert cli.main(["deploy", "-i", str(project / "inventory.ini"), "--no-health", "-e", vars_json]) != 0
     assert (project / "a marker").exists()
+
+
+def test_a_run_keeps_no_environment_and_no_extra_vars_value_on_disk(project, monkeypatch, capsys):
+    """ansible-runner writes the whole environment and argv to artifacts/<run>/command: a token exported before the
+    run, or passed with -e, must not stay there (nor anywhere else in the run's folder)."""
+    monkeypatch.setenv("TWINSPARK_TEST_TOKEN", "hunter2-exported-token")
+    assert cli.main(["deploy", "-i", "inventory.ini", "--no-health", "-e", "api_key=sekrit-extra-value"]) == 0
+    [run] = list((project / "artifacts").iterdir())
+    for path in run.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "hunter2-exported-token" not in text and "sekrit-extra-value" not in text, path
+    recorded = json.loads((run / "command").read_text())
+    assert recorded["command"][:3] == ["ansible-playbook", "--extra-vars", frontdoor.REDACTED]
+    assert "env" not in recorded and (run / "command").stat().st_mode & 0o077 == 0
+    assert (project / "marker").exists(), "the extra value still reached the run"
+
+
+def test_only_the_newest_runs_are_kept_and_nothing_else_is_touched(project, capsys):
+    artifacts = project / "artifacts"
+    for name in ("20250101T000000", "20250101T000001", "20250101T000001-2", "notes", "20250101T000002.txt"):
+        (artifacts / name).mkdir(parents=True)
+    assert cli.main(["deploy", "-i", "inventory.ini", "--no-health", "--keep-runs", "2"]) == 0
+    left = sorted(p.name for p in artifacts.iterdir())
+    assert "notes" in left and "20250101T000002.txt" in left, "only folders named like a run are removed"
+    runs = [name for name in left if frontdoor.RUN_DIR.match(name)]
+    assert len(runs) == 2 and runs[0] == "20250101T000001-2" and runs[1] > "2026", runs
+    assert "removed 2 older run folder(s)" in capsys.readouterr().err

@@ -4,7 +4,9 @@ Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook
 ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback =
 playbooks/<verb>.yml. Instead of scrolling logs it shows the current play and task and per-host
 ok/changed/failed counters on one redrawn line, prints each failure as it happens, keeps the run's events under
-./artifacts/<timestamp>/ for post-mortems, and ends with the `twinspark health` table (except after stop).
+./artifacts/<timestamp>/ for post-mortems, and ends with the `twinspark health` table (except after stop). A run's
+folder keeps no environment and no --extra-vars value (ansible-runner writes both to its `command` file: they are
+scrubbed after the run), and only the newest --keep-runs folders (20) are kept.
 
 On a fleet (several pairs, docs/FLEET.md) `upgrade` and `rollback` without --limit walk the pairs: one run of the
 playbook per pair (`--limit <pair>`, in inventory order), and after each a health gate: the whole fleet's health
@@ -20,8 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
+import re
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -29,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from twinspark import atomic, netguard
 from twinspark import inventory as pair_inventory
-from twinspark import netguard
 from twinspark.health import command as health
 from twinspark.inventory import default_inventory
 
@@ -196,7 +201,45 @@ def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView
         suppress_env_files=True,
     )
     view.finish()
+    scrub_command(artifacts / ident / "command")
     return int(runner.rc or 0), artifacts / ident
+
+
+REDACTED = "<redacted>"
+# The run folders this module names (`<timestamp>` or `<timestamp>-<n>`): the only ones prune_runs ever removes.
+RUN_DIR = re.compile(r"^\d{8}T\d{6}(-\d+)?$")
+DEFAULT_KEEP_RUNS = 20
+
+
+def scrub_command(path: Path) -> None:
+    """ansible-runner records the run's whole environment and argv in `command` (suppress_env_files does not stop
+    it): keep what ran, drop the environment and every --extra-vars value, which may carry a token."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    words = [str(word) for word in recorded.get("command") or []] if isinstance(recorded, dict) else []
+    kept: list[str] = []
+    for word in words:
+        if kept and kept[-1] in ("-e", "--extra-vars"):
+            word = REDACTED
+        elif word.startswith("--extra-vars="):
+            word = "--extra-vars=" + REDACTED
+        kept.append(word)
+    cwd = recorded.get("cwd") if isinstance(recorded, dict) else None
+    atomic.write_atomic(path, (json.dumps({"command": kept, "cwd": cwd}, indent=1) + "\n").encode(), mode=0o600)
+
+
+def prune_runs(artifacts: Path, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` run folders under `artifacts` (only folders named like a run); the removed."""
+    try:
+        runs = sorted(p for p in artifacts.iterdir() if p.is_dir() and not p.is_symlink() and RUN_DIR.match(p.name))
+    except OSError:
+        return []
+    gone = runs[:-keep] if keep > 0 else runs
+    for run in gone:
+        shutil.rmtree(run, ignore_errors=True)
+    return gone
 
 
 def _route_refusal(inventory: str) -> str | None:
@@ -291,6 +334,10 @@ def _command(args: argparse.Namespace) -> int:
         print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
         rc, run_dir = run_playbook(playbook, inventory, Path(args.artifacts), view, project, extra + more)
         print(f"events and output kept in {run_dir}", file=sys.stderr)
+        pruned = prune_runs(Path(args.artifacts), args.keep_runs)
+        if pruned:
+            print(f"removed {len(pruned)} older run folder(s) from {args.artifacts} (--keep-runs {args.keep_runs})",
+                  file=sys.stderr)
         if rc != 0:
             print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} failed (exit {rc}); "
                   + ("; ".join(view.failures[:3]) or f"see {run_dir}/stdout"), file=sys.stderr)
@@ -315,6 +362,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--artifacts", default="artifacts", metavar="DIR",
                             help="where each run's events are kept, one <timestamp> folder per run (default "
                             "./artifacts)")
+        parser.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
+                            help=f"keep the newest N run folders in --artifacts, remove older ones (default "
+                            f"{DEFAULT_KEEP_RUNS}); a folder keeps no environment and no --extra-vars value")
         parser.add_argument("--check", action="store_true", help="ansible-playbook --check (changes nothing)")
         parser.add_argument("--diff", action="store_true", help="ansible-playbook --diff")
         parser.add_argument("--limit", help="ansible-playbook --limit")
