@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark.doctor import rules
+from twinspark.doctor import findings, rules
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -60,7 +60,7 @@ def test_a_healthy_pair_is_clean():
 def test_the_enomem_kernel_without_kho_off_stops_and_names_both_fixes():
     fresh = facts("fresh_worker")
     found = finding(judge(fresh), "kernel.cma-enomem")
-    assert found.severity == rules.STOP and not found.fixed_by
+    assert found.severity == findings.STOP and not found.fixed_by
     assert "7.0.0-1019-nvidia" in found.message and "ENOMEM" in found.message
     assert "kho=off" in found.fix and "6.17 kernel" in found.fix
 
@@ -83,7 +83,7 @@ def test_other_kernels_are_not_the_enomem_ones(kernel):
 
 def test_a_connectx7_function_at_x2_when_it_can_do_x4_is_found():
     found = finding(judge(facts("degraded_cx7")), "pcie.link-degraded")
-    assert found.severity == rules.STOP
+    assert found.severity == findings.STOP
     assert "0000:01:00.0" in found.message and "x2" in found.message and "x4" in found.message
     assert "power" in found.fix
 
@@ -97,12 +97,12 @@ def test_a_slower_pcie_link_is_found_too():
 def test_a_fatal_pcie_error_is_found():
     head = facts("head")
     head["pcie"][0]["aer_fatal"] = 1
-    assert finding(judge(head), "pcie.fatal-error").severity == rules.STOP
+    assert finding(judge(head), "pcie.fatal-error").severity == findings.STOP
 
 
 def test_one_twin_port_missing_is_found():
     found = finding(judge(facts("degraded_cx7")), "rdma.twin-missing")
-    assert "roceP2p1s0f0 is not there" in found.message and found.severity == rules.STOP
+    assert "roceP2p1s0f0 is not there" in found.message and found.severity == findings.STOP
 
 
 def test_the_pip_bundled_nccl_instead_of_the_os_one_is_found():
@@ -110,7 +110,7 @@ def test_the_pip_bundled_nccl_instead_of_the_os_one_is_found():
     bundled = "/opt/twinspark/runtimes/abc/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
     head["nccl"] = {"path": bundled, "exists": True, "source": "bundled", "version": "2.28.7", "os_package": None}
     found = finding(judge(head, VLLM_NCCL_SO_PATH=""), "nccl.bundled")
-    assert found.severity == rules.STOP and bundled in found.message and "twinspark_vllm_nccl_so_path" in found.fix
+    assert found.severity == findings.STOP and bundled in found.message and "twinspark_vllm_nccl_so_path" in found.fix
     # Pointing VLLM_NCCL_SO_PATH itself into a venv is the same mistake.
     head["nccl"]["resolved"] = bundled
     assert "nccl.bundled" in ids(judge(head, VLLM_NCCL_SO_PATH=bundled))
@@ -119,7 +119,7 @@ def test_the_pip_bundled_nccl_instead_of_the_os_one_is_found():
 def test_the_os_nccl_is_not_a_finding_and_a_missing_one_waits_for_the_drivers_play():
     assert "nccl.bundled" not in ids(judge(facts("head")))
     missing = finding(judge(facts("fresh_worker")), "nccl.missing")
-    assert missing.fixed_by == rules.DRIVERS_PLAY
+    assert missing.fixed_by == findings.DRIVERS_PLAY
 
 
 def test_mtu_1500_on_one_node_is_found():
@@ -129,7 +129,7 @@ def test_mtu_1500_on_one_node_is_found():
     node = finding(report, "fabric.mtu")
     assert node.host == "spark-b" and "enp1s0f0np0 has MTU 1500, not 9000" in node.message
     pair = finding(report, "pair.mtu")
-    assert pair.severity == rules.STOP and "spark-a 9000, spark-b 1500" in pair.message
+    assert pair.severity == findings.STOP and "spark-a 9000, spark-b 1500" in pair.message
 
 
 def test_two_nodes_with_different_kernels_are_found_by_the_pair_comparison():
@@ -149,7 +149,7 @@ def test_the_pair_comparison_finds_driver_nccl_firmware_and_os():
     worker["os_release"]["VERSION_ID"] = "22.04"
     report = judge(facts("head"), worker)
     assert {"pair.driver", "pair.nccl", "pair.firmware", "pair.os"} <= set(ids(report))
-    assert finding(report, "pair.nccl").severity == rules.STOP
+    assert finding(report, "pair.nccl").severity == findings.STOP
 
 
 def test_a_clock_offset_above_the_bound_is_found():
@@ -159,14 +159,14 @@ def test_a_clock_offset_above_the_bound_is_found():
     own = finding(report, "clock.offset")
     assert own.host == "spark-b" and "+0.800 s" in own.message
     assert "0.800 s apart" in finding(report, "pair.clock").message
-    worker["clock"]["offset_s"] = rules.CLOCK_OFFSET_BOUND_S * 0.9
+    worker["clock"]["offset_s"] = findings.CLOCK_OFFSET_BOUND_S * 0.9
     assert not {"clock.offset", "pair.clock"} & set(ids(judge(facts("head"), worker)))
 
 
 def test_an_unsynchronised_clock_is_a_warning():
     head = facts("head")
     head["clock"]["synchronised"] = False
-    assert finding(judge(head), "clock.unsynchronised").severity == rules.WARN
+    assert finding(judge(head), "clock.unsynchronised").severity == findings.WARN
 
 
 # ------------------------------------------------------------------------------------------- the other rules
@@ -199,9 +199,9 @@ def test_memory_vllm_cannot_take_stops_unless_the_rank_is_running():
 def test_little_disk_is_low_then_full():
     head = facts("head")
     head["disk_free_bytes"]["model"]["free_bytes"] = 5 * 2**30
-    assert finding(judge(head), "disk.low").severity == rules.WARN
+    assert finding(judge(head), "disk.low").severity == findings.WARN
     head["disk_free_bytes"]["model"]["free_bytes"] = 2**30
-    assert finding(judge(head), "disk.full").severity == rules.STOP
+    assert finding(judge(head), "disk.full").severity == findings.STOP
 
 
 def test_the_cpu_profile_judges_only_its_own_rules():
@@ -211,7 +211,7 @@ def test_the_cpu_profile_judges_only_its_own_rules():
                         "VLLM_HOST_IP": "192.168.100.10"}
     report = judge(head)
     assert report.findings == []
-    assert all("cpu" in rules.CATALOGUE[i].profiles for i in ("fabric.mtu", "clock.offset", "pair.mtu"))
+    assert all("cpu" in findings.CATALOGUE[i].profiles for i in ("fabric.mtu", "clock.offset", "pair.mtu"))
 
 
 # ------------------------------------------------------------------------------------------- the preflight's view
@@ -251,10 +251,10 @@ def test_an_acknowledged_finding_is_still_shown_but_no_longer_counts():
 
 
 def test_every_finding_a_rule_can_return_is_in_the_catalogue():
-    source = Path(rules.__file__).read_text(encoding="utf-8")
+    source = Path(rules.__file__).read_text(encoding="utf-8")  # the rules return findings by id
     returned = set(re.findall(r'Found\(\s*"([a-z0-9.-]+)"', source))
-    assert returned and returned <= set(rules.CATALOGUE)
-    assert set(rules.CATALOGUE) - returned == {"pair.kernel", "pair.driver", "pair.nccl", "pair.mtu",
+    assert returned and returned <= set(findings.CATALOGUE)
+    assert set(findings.CATALOGUE) - returned == {"pair.kernel", "pair.driver", "pair.nccl", "pair.mtu",
                                                "pair.firmware", "pair.os"}  # named through differ()
 
 
@@ -319,7 +319,7 @@ def test_settings_of_fills_defaults_under_the_recorded_ones():
 
 def test_docs_doctor_md_names_every_finding():
     text = (Path(__file__).parents[2] / "docs" / "DOCTOR.md").read_text(encoding="utf-8")
-    missing = [finding for finding in rules.CATALOGUE if f"`{finding}`" not in text]
+    missing = [finding for finding in findings.CATALOGUE if f"`{finding}`" not in text]
     assert not missing, f"document these finding ids in docs/DOCTOR.md: {missing}"
 
 

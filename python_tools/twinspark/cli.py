@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("twinspark.model", "fetch, verify and describe model weights"),
     "route-check": ("twinspark.netguard",
                     "refuse to dial a simulated-pair address whose route would leave this machine"),
+    "plan": ("twinspark.plan", "whether a configuration fits a node's memory (weights, KV cache); exit 0 fits, 2 not"),
     "pair": ("twinspark.pair.cli", "keep the two ranks serving as one pair (runs on the head)"),
     "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
     "runtime": ("twinspark.installed_runtime", "report the installed serving runtime (vLLM, torch, patches)"),

@@ -15,8 +15,11 @@ launcher function, same env files) and asks the installed vLLM whether it accept
 `validate_parsed_serve_args`, `AsyncEngineArgs.from_cli_args`, and, when the model's config.json is found and a GPU
 is visible (or --capability is given), vLLM's DeepSeek-V4 attention- and MoE-backend checks for that capability
 (see twinspark/vllmcheck.py). Run it in the serving venv before the units start; it loads no weights.
-Exit codes: 0 vLLM accepts everything checked; 1 vLLM refuses (one line per flag with vLLM's reason) or vLLM cannot
-be imported; 2 invalid input (env files, --capability, --model-config).
+It also asks the memory planner (`twinspark plan`, this node's memory, the model's files when they are here): a
+configuration that does not fit is refused (one line with the planner's advice) unless TWINSPARK_PLAN_FIT=warn.
+Exit codes: 0 vLLM accepts everything checked and the planner finds it fits (or could not judge it); 1 vLLM refuses
+(one line per flag with vLLM's reason), vLLM cannot be imported, or the planner refuses; 2 invalid input (env files,
+--capability, --model-config).
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from twinspark import envfile, launcher, layout, patching, runtime_store, settings, vllm_entry, vllmcheck
-from twinspark.model import snapshot_dir
+from twinspark import envfile, launcher, layout, patching, plan, runtime_store, settings, vllm_entry, vllmcheck
 
 PACKAGE = "twinspark"
 
@@ -173,13 +175,8 @@ SCRATCH_DIRS = ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TORCHINDUCTOR_CACHE_DIR"
 
 def model_config_path(values: dict[str, str]) -> Path | None:
     """Where this node's config.json for MODEL would be: the local directory, or the pinned Hub snapshot."""
-    model = values.get("MODEL", "")
-    if model.startswith("/"):
-        return Path(model) / "config.json"
-    revision = values.get("MODEL_REVISION")
-    if not model or not revision:
-        return None
-    return snapshot_dir(values.get("HF_HOME", "/var/lib/twinspark/hf"), model, revision) / "config.json"
+    directory = plan.model_dir(values)
+    return None if directory is None else directory / "config.json"
 
 
 def parse_capability(text: str) -> tuple[int, int]:
@@ -238,6 +235,12 @@ def _check_command(args: argparse.Namespace) -> int:
             return 2
     if capability is None and not args.no_gpu:
         capability = visible_capability()
+    # Before vLLM: the memory planner (twinspark plan) on this node's memory; TWINSPARK_PLAN_FIT says whether a
+    # configuration that does not fit is refused or only warned about.
+    fit = plan.fit_here(values)
+    rank = values.get("NODE_RANK")
+    for line in filter(None, (fit.refusal, fit.warning and f"warning: {fit.warning}")):
+        print(f"{name}: rank {rank}: {line}", file=sys.stderr)
 
     for key in command.unset:
         os.environ.pop(key, None)
@@ -268,17 +271,23 @@ def _check_command(args: argparse.Namespace) -> int:
         "findings": [{"flag": f.flag, "reason": f.reason} for f in report.findings],
         "checked": report.checked,
         "notes": report.notes,
+        "plan": fit.plan.to_dict() if fit.plan else None,
+        "plan_verdict": fit.refusal or fit.warning or fit.note or "fits",
     }
+    shown["ok"] = report.ok and not fit.refusal
     if args.json:
         print(json.dumps(shown, indent=2))
     else:
         for line in report.checked:
             print(f"ok    {line}")
-        for line in report.notes:
+        if fit.plan is not None and fit.plan.fits:
+            print(f"ok    twinspark plan: fits ({fit.plan.kv_cache_tokens:,} KV-cache tokens for MAX_MODEL_LEN "
+                  f"{fit.plan.max_model_len:,})")
+        for line in [*report.notes, *filter(None, [fit.note])]:
             print(f"note  {line}")
     for finding in report.findings:
         print(f"{name}: rank {shown['node_rank']} ({flavour} runtime): {finding}", file=sys.stderr)
-    return 0 if report.ok else 1
+    return 0 if shown["ok"] else 1
 
 
 def _runtime_options(parser: argparse.ArgumentParser) -> None:

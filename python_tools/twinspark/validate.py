@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from twinspark import budget, settings
+from twinspark.doctor import findings
 from twinspark.settings import Knob, Registry
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -238,12 +239,10 @@ def _names(knob: Knob, text: str) -> str:
 
 
 def _findings(knob: Knob, text: str) -> str:
-    from twinspark.doctor import rules
-
-    ids = rules.acknowledged_ids(_single_line(text))
-    unknown = rules.unknown_ids(ids)
+    ids = findings.acknowledged_ids(_single_line(text))
+    unknown = findings.unknown_ids(ids)
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(rules.CATALOGUE), n=1)
+        close = difflib.get_close_matches(unknown[0], list(findings.CATALOGUE), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise _Invalid(f"{unknown[0]!r} is not a doctor finding id{hint}")
     return " ".join(dict.fromkeys(ids))

@@ -1,12 +1,11 @@
 """Judging a node's facts (twinspark/doctor/collect.py) against the failures Spark pair owners report.
 
 Pure functions over plain data: the facts dict, the node's settings (env-file names and values, non-secret) and, for
-the pair, two facts dicts. Each rule has a stable finding id (CATALOGUE), a severity, the profiles it applies to
-and, where a later play of site.yml makes it true, that play: the preflight runs before them, so a finding such a
-play fixes does not stop it. Every finding names what is wrong and the fix. docs/DOCTOR.md is the prose of the same
-table.
+the pair, two facts dicts. Each finding has a stable id, a severity, the profiles it applies to and, where a later
+play of site.yml makes it true, that play (twinspark/doctor/findings.py): the preflight runs before them, so a
+finding such a play fixes does not stop it. Every finding names what is wrong and the fix. docs/DOCTOR.md is the
+prose of the same table.
 
-Severities: `stop` (the pair would not serve, or would stop serving: exit 2) and `warn` (it serves, worse: exit 1).
 An id listed in TWINSPARK_DOCTOR_ACK (twinspark_doctor_ack) is still reported, marked acknowledged, and no longer
 counts for the exit code or the preflight; a fact the node cannot know yet is reported as `later`, never as a
 finding.
@@ -15,22 +14,24 @@ finding.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+from twinspark import settings
+from twinspark.doctor.findings import (
+    ACK_ENV,
+    CATALOGUE,
+    CLOCK_OFFSET_BOUND_S,
+    EXIT_CODES,
+    STOP,
+    WARN,
+    acknowledged_ids,
+)
 from twinspark.fabric import gid as gid_rules
 from twinspark.fabric import links, selector
 from twinspark.fabric.sysfs import GidEntry, PortInfo
 from twinspark.health.checks import DISK_DEGRADED_BYTES, DISK_FAILED_BYTES, FABRIC_MTU
-
-STOP = "stop"
-WARN = "warn"
-EXIT_CODES = {STOP: 2, WARN: 1}
-ACK_ENV = "TWINSPARK_DOCTOR_ACK"
-
-FABRIC_PLAY = "playbooks/fabric.yml"
-DRIVERS_PLAY = "playbooks/drivers.yml"
 
 # Kernels whose NCCL init fails with ibv_reg_mr_iova2 ENOMEM on DGX OS (CMA shows 0), and the boot option that
 # avoids it.
@@ -38,54 +39,7 @@ ENOMEM_KERNELS = re.compile(r"7\.0\.0-(1019|31)(?!\d)")
 ENOMEM_BOOT_OPTION = "kho=off"
 # A direct Spark-to-Spark QSFP cable links each twin netdev at 200G.
 FABRIC_SPEED_MBPS = 200_000
-# Beyond this the node's clock is not kept (NTP offsets are milliseconds), and the two ranks' logs, the pair guard's
-# expiring pauses and TLS validity start to disagree.
-CLOCK_OFFSET_BOUND_S = 0.5
 
-
-@dataclass(frozen=True)
-class Rule:
-    severity: str
-    profiles: tuple[str, ...]
-    summary: str
-    fixed_by: str = ""
-    """The site.yml play that makes this true on a node where it is not yet (the preflight runs before it)."""
-
-
-BOTH = ("gb10", "cpu")
-GB10 = ("gb10",)
-
-# The finding ids are a contract: the inventory acknowledges them by name (twinspark_doctor_ack) and docs/DOCTOR.md
-# documents each. Add new ones; never rename one.
-CATALOGUE: dict[str, Rule] = {
-    "kernel.cma-enomem": Rule(STOP, GB10, "kernel 7.0.0-1019 / 7.0.0-31 without kho=off: NCCL init fails (ENOMEM)"),
-    "pcie.link-degraded": Rule(STOP, GB10, "a ConnectX-7 function trained narrower or slower than it can"),
-    "pcie.fatal-error": Rule(STOP, GB10, "a fatal PCIe error on a ConnectX-7 function since boot"),
-    "rdma.twin-missing": Rule(STOP, GB10, "an RDMA device NCCL_IB_HCA names is not there (a twin port missing)"),
-    "rdma.port-down": Rule(STOP, GB10, "a selected RDMA port is not ACTIVE", FABRIC_PLAY),
-    "netdev.speed-low": Rule(STOP, GB10, "a fabric netdev links below 200G"),
-    "nccl.bundled": Rule(STOP, GB10, "vLLM would load its pip-bundled NCCL instead of the OS's"),
-    "nccl.missing": Rule(STOP, GB10, "VLLM_NCCL_SO_PATH names no library", DRIVERS_PLAY),
-    "fabric.interface-missing": Rule(STOP, BOTH, "the fabric interface (NCCL_SOCKET_IFNAME) does not exist"),
-    "fabric.address": Rule(STOP, BOTH, "the node's fabric address is not on its fabric interface", FABRIC_PLAY),
-    "fabric.mtu": Rule(WARN, BOTH, "a fabric interface without jumbo frames", FABRIC_PLAY),
-    "gid.unresolvable": Rule(STOP, GB10, "no RoCE v2 GID index the selected HCAs share", FABRIC_PLAY),
-    "gid.pinned-drift": Rule(STOP, GB10, "the pinned NCCL_IB_GID_INDEX is not the one this node resolves"),
-    "clock.unsynchronised": Rule(WARN, BOTH, "the clock is not synchronised"),
-    "clock.offset": Rule(WARN, BOTH, f"the clock is more than {CLOCK_OFFSET_BOUND_S} s off its time source"),
-    "memory.budget": Rule(STOP, GB10, "less memory available than GPU_MEMORY_UTILIZATION asks vLLM to take"),
-    "memory.desktop": Rule(WARN, GB10, "a desktop session holds unified memory"),
-    "earlyoom.running": Rule(WARN, BOTH, "earlyoom runs and kills vLLM under deep-context load", DRIVERS_PLAY),
-    "disk.low": Rule(WARN, BOTH, "under 10 GiB free for the model, caches or state"),
-    "disk.full": Rule(STOP, BOTH, "under 2 GiB free for the model, caches or state"),
-    "pair.kernel": Rule(WARN, BOTH, "the two nodes run different kernels"),
-    "pair.driver": Rule(WARN, GB10, "the two nodes run different NVIDIA drivers"),
-    "pair.nccl": Rule(STOP, GB10, "the two nodes would load different NCCL versions"),
-    "pair.mtu": Rule(STOP, BOTH, "the two nodes' fabric MTUs differ", FABRIC_PLAY),
-    "pair.clock": Rule(WARN, BOTH, f"the two clocks are more than {CLOCK_OFFSET_BOUND_S} s apart"),
-    "pair.firmware": Rule(WARN, GB10, "the two nodes' ConnectX firmware differs"),
-    "pair.os": Rule(WARN, BOTH, "the two nodes run different OS releases"),
-}
 
 # The settings the rules read (none of them secret): `twinspark doctor --collect` records them with the facts, so a
 # saved file can be judged anywhere.
@@ -150,15 +104,6 @@ class Report:
         return {"exit_code": self.exit_code(preflight),
                 "findings": [f.to_dict() for f in self.findings],
                 "later": [asdict(item) for item in self.later]}
-
-
-def acknowledged_ids(text: str) -> list[str]:
-    """The finding ids of a TWINSPARK_DOCTOR_ACK value (spaces or commas between them)."""
-    return [word for word in re.split(r"[\s,]+", text or "") if word]
-
-
-def unknown_ids(ids: Iterable[str]) -> list[str]:
-    return [i for i in ids if i not in CATALOGUE]
 
 
 def collector_options(env: Mapping[str, str], venv: str, state_dir: str, unit: str, record: str
@@ -528,8 +473,6 @@ def pair_rules(a: str, b: str, facts: Mapping[str, Mapping], envs: Mapping[str, 
 def settings_of(facts: Mapping, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The settings to judge with: those recorded in the facts (`twinspark doctor --collect`), overridden by `env`,
     filled with the registry's defaults for the profile and rank."""
-    from twinspark import settings
-
     given = {**dict(facts.get("settings") or {}), **{k: str(v) for k, v in (env or {}).items() if v is not None}}
     profile = given.get("TWINSPARK_PROFILE") or "gb10"
     rank = int(given["NODE_RANK"]) if given.get("NODE_RANK") in ("0", "1") else None

@@ -47,7 +47,7 @@ def _pair_from_args(args: argparse.Namespace) -> Pair:
     ref = drain.router_from_env(env, api.api_key)
     return Pair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
                 known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
-                fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env))
+                fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env)
 
 
 def _pair_or_none(args: argparse.Namespace, what: str) -> Pair | None:

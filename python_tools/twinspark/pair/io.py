@@ -12,8 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import api as head_api
@@ -70,6 +70,7 @@ class Pair:
     class_net: Path = sysfs.CLASS_NET
     fabric_port: int = FABRIC_PROBE_PORT
     fabric_timeout_s: float = 1.5
+    env: Mapping[str, str] = field(default_factory=dict)  # the head's env files: the planner judges a start with them
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:

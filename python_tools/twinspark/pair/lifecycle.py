@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twinspark import atomic, drain, layout, safeio
+from twinspark import plan as planner
 from twinspark.guard_rules import Probe
 from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 
@@ -524,7 +525,8 @@ def _put_back(pair: Pair, steps: Sequence[tuple[str, str]], what: str) -> str:
 def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
     """Before any step: prove each one can run. '' when they can, else the cause and its fix (nothing touched).
 
-    The head's unit must be installed; where a step touches the worker, the guard's key must be one ssh accepts
+    The head's unit must be installed; a start must fit the node's memory (twinspark plan, unless
+    TWINSPARK_PLAN_FIT=warn); where a step touches the worker, the guard's key must be one ssh accepts
     and the worker must answer its forced command at one of its addresses. Stopping the head of a pair whose worker
     cannot be reached would leave the pair down with no way to bring it back from here."""
     if not steps:
@@ -533,6 +535,13 @@ def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
     if load != "loaded":
         return (f"the head's {pair.unit} is not installed here (LoadState={load or 'unknown'}): "
                 "run ansible-playbook site.yml; nothing was stopped")
+    env = getattr(pair, "env", None)  # a stand-in without env files is not planned
+    if env and any(verb == "start" for _, verb in steps):
+        fit = planner.fit_here(env)
+        if fit.warning:
+            log(4, fit.warning)
+        if fit.refusal:
+            return fit.refusal + "; nothing was stopped"
     if not any(rank == WORKER for rank, _ in steps):
         return ""
     problem = guard_key_problem(getattr(pair, "ssh_key", None))
