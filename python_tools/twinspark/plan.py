@@ -376,6 +376,8 @@ def fit_here(values: Mapping[str, str]) -> FitVerdict:
         planned = plan_for(planned_values, directory, node_memory())
     except PlanInputError as error:
         return FitVerdict(None, note=f"not planned: {error}")
+    except (ValueError, TypeError, KeyError) as error:  # a config.json of a shape the planner does not know
+        return FitVerdict(None, note=f"not planned: the planner cannot size the model's config.json ({error!r})")
     if planned.fits:
         return FitVerdict(planned)
     line = (f"twinspark plan says this configuration does not fit this node's memory "
