@@ -166,6 +166,14 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     assert "changed=0" in again.stdout.replace(" ", "")
     assert not (state / "restart-pending").exists()
 
+    # A drifted mode alone is put back without the restart marker: vLLM reads the files only at start.
+    serve.chmod(0o644)
+    secrets.chmod(0o640)
+    healed = playbook(*args, check=True)
+    assert "changed=2" in healed.stdout.replace(" ", ""), healed.stdout
+    assert (serve.stat().st_mode & 0o777, secrets.stat().st_mode & 0o777) == (0o640, 0o600)
+    assert not (state / "restart-pending").exists()
+
     changed = playbook(*args, "-e", "twinspark_max_model_len=256", "--diff", check=True)
     assert "MAX_MODEL_LEN=256" in serve.read_text()
     assert (state / "restart-pending").exists()
