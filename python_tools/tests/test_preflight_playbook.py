@@ -66,3 +66,11 @@ def test_the_preflight_stops_on_a_finding_then_passes_once_it_is_acknowledged(tm
     assert "site.yml would measure the fabric before serving (never in --check)" in output
     assert all(counts[1] == 0 for counts in recap.values()), recap
     assert not (tmp_path / "state").exists()
+
+
+def test_a_limit_to_one_node_judges_that_node_alone(tmp_path):
+    rc, output, recap = preflight(inventory(tmp_path, {"twinspark_nccl_socket_ifname": "nosuch0"}), "--limit", "node2")
+    assert rc != 0 and "node2: fabric.interface-missing" in output, output
+    assert set(recap) == {"node2"}
+    rc, output, recap = preflight(inventory(tmp_path, {"twinspark_nccl_socket_ifname": "nosuch0"}), "--limit", "node1")
+    assert rc == 0 and "fabric.interface-missing" not in output and set(recap) == {"node1"}, output
