@@ -56,7 +56,7 @@ def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path
 
 
 def test_a_venv_without_pip_resolves_with_the_distributions_pip_wheel(tmp_path: Path) -> None:
-    # The role makes the probe venv with --without-pip; pip then runs from the wheel ensurepip would install.
+    # The role makes the resolver venv with --without-pip; pip then runs from the wheel ensurepip would install.
     venv = tmp_path / "probe"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")

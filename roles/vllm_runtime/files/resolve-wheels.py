@@ -2,7 +2,7 @@
 
     usage: resolve-wheels.py CACHE_DIR PIP_INSTALL_ARGUMENT...
 
-Run by the vllm_runtime role with the probe venv's Python (tasks/identity.yml). The probe venv is made without pip
+Run by the vllm_runtime role with the resolver venv's Python (tasks/identity.yml). That venv is made without pip
 (`python3 -m venv --without-pip`, seconds faster on a fresh node): when this interpreter cannot import pip, pip runs
 from the wheel the distribution keeps for ensurepip (Debian and Ubuntu: /usr/share/python-wheels, python3-pip-whl;
 elsewhere ensurepip/_bundled). pip's resolution of vLLM's wheel set
