@@ -50,8 +50,8 @@ UNITS_DIR = "/etc/systemd/system"
 # Managed paths a drift fault picks from: (node, path, how it is drifted). site.yml must put each back exactly.
 DRIFTS = (
     (HEAD, "/etc/twinspark/pair-guard/id_ed25519", "chmod 0644"),
-    (HEAD, "/etc/twinspark/secrets.env", "chmod 0644"),
-    (WORKER, "/etc/twinspark/serve.env", "chown root:root"),
+    (HEAD, LAYOUT.secrets_env, "chmod 0644"),
+    (WORKER, LAYOUT.serve_env, "chown root:root"),
     (HEAD, LAYOUT.control_dir, "chmod 0755"),
     (WORKER, f"{UNITS_DIR}/{UNIT}", "chmod 0600"),
     (HEAD, f"{LAYOUT.state_dir}/metrics", "chown root:root"),
@@ -68,7 +68,7 @@ def unit_prop(node: str, unit: str, prop: str) -> str:
 
 
 def head_key() -> str:
-    text = nx(HEAD, "cat", "/etc/twinspark/secrets.env", timeout=10).stdout
+    text = nx(HEAD, "cat", LAYOUT.secrets_env, timeout=10).stdout
     for line in text.splitlines():
         name, _, value = line.partition("=")
         if name.strip() in ("VLLM_API_KEY", "DSPARK_API_KEYS") and value.strip():
@@ -228,6 +228,35 @@ def fault_firewall(rng: random.Random) -> tuple[str, float]:
     return f"systemctl restart {LAYOUT.unit_firewall} on the head (BindsTo= restarts its rank alone)", time.time()
 
 
+def fault_disk_full(rng: random.Random) -> tuple[str, float]:
+    """The head's state directory (models, caches) on a full filesystem while its rank dies: the guard must hold the
+    restart back (a restart cannot free space), then, once space is back, restart the pair once.
+
+    A 64 MiB tmpfs mounted over the state directory inside the head (its overlay root lives on this machine's disk,
+    which the campaign must not fill), filled to the last block; the head's rank SIGKILLed; held 30-90 s; unmounted."""
+    hold_s = rng.randint(30, 90)
+    state = LAYOUT.state_dir
+    nx(HEAD, "mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs", state, check=True)
+    full_at = time.time()
+    try:
+        nx(HEAD, "sh", "-c", 'dd if=/dev/zero of="$1/chaos-fill" bs=1M 2>/dev/null; true', "fill", state, timeout=60)
+        nx(HEAD, "kill", "-KILL", main_pid(HEAD))
+        time.sleep(hold_s)
+    finally:
+        if nx(HEAD, "umount", state, timeout=60).returncode != 0:
+            nx(HEAD, "umount", "-l", state, timeout=60)
+    freed_at = time.time()
+    lines = guard_lines(full_at - 1)
+    held = sum(1 for at, m in lines if "NOT restarting" in m and "disk" in m and at < freed_at)
+    during = sum(1 for at, m in lines if RESTART.search(m) and at < freed_at)
+    if during:
+        FAULT_NOTES.append(f"{during} ordered restart(s) while the disk was full")
+    if not held:
+        FAULT_NOTES.append("the guard never said it held the restart back for the full disk")
+    return (f"head's state directory full for {hold_s} s with its rank SIGKILLed: the guard held {held} run(s), "
+            f"{during} restart(s) while full"), freed_at
+
+
 def fault_reboot(rng: random.Random) -> tuple[str, float]:
     subprocess.run([str(SIM / "reboot-node"), WORKER, "180"], capture_output=True, text=True, timeout=240,
                    check=False)
@@ -287,15 +316,15 @@ def fault_drift(rng: random.Random) -> tuple[str, float]:
 DRIFT_ALL = (
     (HEAD, "/etc/twinspark/pair-guard/id_ed25519", "chmod 0644"),
     (HEAD, "/etc/twinspark/pair-guard", "chmod 0755"),
-    (HEAD, "/etc/twinspark/secrets.env", "chmod 0644"),
-    (HEAD, "/etc/twinspark/serve.env", "append"),
+    (HEAD, LAYOUT.secrets_env, "chmod 0644"),
+    (HEAD, LAYOUT.serve_env, "append"),
     (HEAD, "/etc/twinspark/firewall.nft", "append"),
     (HEAD, LAYOUT.node_file, "chmod 0600"),
     (HEAD, LAYOUT.control_dir, "chmod 0755"),
     (HEAD, f"{LAYOUT.state_dir}/metrics", "chown root:root"),
     (HEAD, f"{UNITS_DIR}/{LAYOUT.unit_pair_guard_timer}", "append"),
     (HEAD, f"{UNITS_DIR}/{LAYOUT.unit_health}", "chmod 0600"),
-    (WORKER, "/etc/twinspark/serve.env", "chown root:root"),
+    (WORKER, LAYOUT.serve_env, "chown root:root"),
     (WORKER, f"{UNITS_DIR}/{UNIT}", "chmod 0600"),
     (WORKER, "/usr/local/libexec/twinspark-peer-control", "append"),
     (WORKER, "/etc/netplan/40-twinspark-fabric.yaml", "chmod 0644"),
@@ -400,6 +429,7 @@ def catalogue(max_fabric_s: int, fabric_s: int | None = None) -> dict[str, Injec
         "fabric-down": fault_fabric(max_fabric_s, fabric_s),
         "firewall-restart": fault_firewall,
         "table-deleted": fault_table_deleted,
+        "disk-full": fault_disk_full,
         "reboot-worker": fault_reboot,
         "guard-killed-mid-restart": fault_guard_killed,
         "drift-path": fault_drift,
