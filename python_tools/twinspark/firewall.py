@@ -204,7 +204,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("firewall", help="watch the host firewall's nftables table; re-apply it when deleted")
+    parser = subparsers.add_parser("firewall",
+                                   help="watch the host firewall's nftables table; re-apply it when deleted")
     verbs = parser.add_subparsers(dest="verb", required=True)
     watch_parser = verbs.add_parser("watch", help="look at the table every --interval s; load --file when it is gone")
     watch_parser.add_argument("--file", required=True, help="the table's nft file (vllm_service_firewall_file)")
