@@ -163,9 +163,20 @@ def twinspark_env_file(env, file):
             if (registry.get(key) is not None and registry[key].file == file)}
 
 
+def twinspark_knob_default(env, profile=None):
+    """The registry's default of knob `env` under `profile` (the default profile when none), '' when it has none
+    there: for a role default that follows a knob, e.g. `twinspark_hf_home | default('HF_HOME' | twinspark_knob_default)`,
+    so the value itself is written only in settings.yml."""
+    if settings.load().get(str(env)) is None:
+        raise AnsibleFilterError(f"twinspark_knob_default: {env!r} is not a knob of settings.yml")
+    value = settings.knob_default(str(env), str(profile) if profile else None)
+    return "" if value is None else value
+
+
 class FilterModule:
     def filters(self):
         return {
+            "twinspark_knob_default": twinspark_knob_default,
             "twinspark_node_env": twinspark_node_env,
             "twinspark_own_pair": twinspark_own_pair,
             "twinspark_pair_problems": twinspark_pair_problems,

@@ -17,9 +17,12 @@ def test_every_registry_profile_has_a_driver_mode_and_no_other():
 
 
 def test_roles_fall_back_to_the_registrys_default_profile():
+    """The roles read twinspark_layout_profile, which role twinspark_layout defaults to the registry's profile."""
     registry_default = settings.load()["TWINSPARK_PROFILE"].default
+    layout_defaults = yaml.safe_load((ROLES / "twinspark_layout/defaults/main.yml").read_text())
+    assert layout_defaults["twinspark_layout_profile"] == f"{{{{ twinspark_profile | default('{registry_default}') }}}}"
     for path in (ROLES / "nvidia_driver/defaults/main.yml", ROLES / "nvidia_driver/vars/main.yml"):
-        assert f"twinspark_profile | default('{registry_default}')" in path.read_text()
+        assert "twinspark_layout_profile" in path.read_text() and "twinspark_profile |" not in path.read_text()
 
 
 def test_vllm_loads_by_default_the_nccl_library_the_role_installs_on_a_spark():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import generate, layout
+from twinspark import generate, layout, settings
 
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -61,14 +61,15 @@ def _code_lines(path: Path, text: str) -> list[str]:
     return [line for i, line in enumerate(lines, 1) if i not in prose]
 
 
-def _places(literal: str) -> set[str]:
-    files = subprocess.run(["git", "grep", "-l", "-F", literal], cwd=ROOT, capture_output=True, text=True,
+def _places(literal: str, root: Path = ROOT) -> set[str]:
+    """The tracked files under `root` that spell `literal` in code (tests, molecule and prose aside)."""
+    files = subprocess.run(["git", "grep", "-l", "-F", literal], cwd=root, capture_output=True, text=True,
                            timeout=60, check=False).stdout.split()
     found = set()
     for rel in files:
         if rel.startswith(NOT_SEARCHED) or rel.endswith(".md"):
             continue
-        path = ROOT / rel
+        path = root / rel
         # A template's file name (`src: twinspark-vllm.service.j2`) is not the unit's name.
         code = [line.replace(f"{literal}.j2", "") for line in _code_lines(path, path.read_text(encoding="utf-8"))]
         if any(literal in line for line in code):
@@ -77,11 +78,58 @@ def _places(literal: str) -> set[str]:
 
 
 @pytest.mark.parametrize("name", ["restart_flag", "venv", "unit_vllm", "pair_lock", "guard_pause", "guard_dir",
-                                  "guard_state"])
+                                  "guard_state", "control_dir", "serve_env", "secrets_env", "node_file",
+                                  "runtime_root"])
 def test_each_default_is_written_in_one_place_per_side(name):
     assert _places(DEFAULTS[name]) == DEFINING, (
         f"{DEFAULTS[name]} is spelled outside the layout; use twinspark_layout_{name} (YAML) or "
         f"twinspark.layout (Python)")
+
+
+# The knob registry and the file generated from it for Ansible; docs/CONFIG.md (also generated) is prose.
+SETTINGS_DEFINING = {"python_tools/twinspark/settings.yml", "roles/serve_env/meta/argument_specs.yml"}
+
+
+@pytest.mark.parametrize("name", ["router_port", "router_metrics_port"])
+def test_the_routers_default_ports_are_written_in_the_layout_only(name):
+    """settings.yml may name the port in its documentation of TWINSPARK_ROUTER_URL; no code may."""
+    assert _places(DEFAULTS[name]) <= DEFINING | SETTINGS_DEFINING, (
+        f"{DEFAULTS[name]} is spelled outside the layout; use twinspark_layout_{name} (YAML), "
+        f"twinspark.layout (Python) or layout_value {name} (scripts/sim)")
+
+
+@pytest.mark.parametrize("env", ["HF_HOME", "MODEL", "MODEL_REVISION"])
+def test_each_pinned_default_is_written_in_settings_only(env):
+    """HF_HOME and the model pin (the default profile's MODEL and MODEL_REVISION) live in settings.yml: Python reads
+    them through twinspark.settings (model.py's PINNED_*), Ansible through the filter twinspark_knob_default."""
+    value = settings.knob_default(env)
+    assert value and _places(value) == SETTINGS_DEFINING, (
+        f"{value} ({env}'s default) is spelled outside settings.yml; use settings.knob_default({env!r}) (Python) or "
+        f"'{env}' | twinspark_knob_default (YAML)")
+
+
+def test_the_default_profile_is_written_once():
+    """`twinspark_profile | default(...)` is the generated twinspark_layout_profile (generate.py writes it into the
+    layout role's defaults from settings.yml); roles and playbooks read that."""
+    spelled = {rel for quote in "'\"" for rel in _places(f"twinspark_profile | default({quote}")}
+    assert spelled == {"roles/twinspark_layout/defaults/main.yml", "python_tools/twinspark/generate.py"}, (
+        f"{sorted(spelled)}: read twinspark_layout_profile instead of defaulting twinspark_profile")
+
+
+def test_the_literal_search_catches_a_playbook_or_script_that_spells_a_default(tmp_path):
+    """The checks above search every tracked file but tests, molecule and prose: a playbook or a script that spells
+    a registry's value in code is found, the same words in a comment are not."""
+    repo = tmp_path / "repo"
+    for rel, text in {"playbooks/a.yml": f"- hosts: all\n  vars:\n    env_file: {DEFAULTS['serve_env']}\n",
+                      "playbooks/b.yml": f"# reads {DEFAULTS['serve_env']}\n- hosts: all\n",
+                      "scripts/x": f"#!/usr/bin/env python3\nPATH = {DEFAULTS['secrets_env']!r}\n",
+                      "python_tools/tests/test_x.py": f"PATH = {DEFAULTS['serve_env']!r}\n"}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=60)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True, timeout=60)
+    assert _places(DEFAULTS["serve_env"], repo) == {"playbooks/a.yml"}
+    assert _places(DEFAULTS["secrets_env"], repo) == {"scripts/x"}
 
 
 def test_the_registry_and_the_layout_type_agree():

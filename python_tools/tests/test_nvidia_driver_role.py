@@ -127,7 +127,13 @@ def test_skip_mode_prints_one_reason_and_runs_nothing_else(role_run):
     _, stdout = role_run
     skip_play = stdout[stdout.index("PLAY [Run the whole role in skip mode") :]
     tasks = [line for line in skip_play.splitlines() if line.startswith("TASK [")]
+    # First the shared layout the role depends on (its profile): its argument check and its rules, which change
+    # nothing on the node.
     assert [task.split("]")[0] for task in tasks] == [
+        "TASK [twinspark_layout : Validating arguments against arg spec 'main' - The node layout every TwinSpark role "
+        "shares (paths, unit names, pair id)",
+        "TASK [twinspark_layout : Refuse per-role copies of the shared layout that are no longer read, and check the "
+        "layout's own rules",
         "TASK [nvidia_driver : Validating arguments against arg spec 'main' - NVIDIA driver, CUDA toolkit and NCCL in "
         "verify, install or skip mode",
         "TASK [nvidia_driver : Say why the driver is left alone, and stop (skip mode)",

@@ -10,7 +10,7 @@ import subprocess
 import jinja2
 import pytest
 
-from twinspark import fleet, generate, routerconf, routerlaunch
+from twinspark import fleet, generate, layout, routerconf, routerlaunch
 
 ROOT = generate.repo_root()
 ROLE = ROOT / "roles" / "router"
@@ -93,8 +93,14 @@ def test_the_roles_policy_choices_match_routerconf():
     options = spec["argument_specs"]["main"]["options"]
     assert options["router_policy"]["choices"] == list(routerconf.POLICIES)
     assert options["router_policy"]["default"] == routerconf.DEFAULT_POLICY
-    assert options["router_port"]["default"] == fleet.DEFAULT_ROUTER_PORT
-    assert options["router_metrics_port"]["default"] == fleet.DEFAULT_ROUTER_METRICS_PORT
+    # The ports' defaults are the layout's (twinspark_layout_router_port), which validation's clash rule reads too.
+    assert "default" not in options["router_port"] and "default" not in options["router_metrics_port"]
+    role_defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert role_defaults["router_port"] == "{{ twinspark_router_port | default(twinspark_layout_router_port) }}"
+    assert role_defaults["router_metrics_port"] == (
+        "{{ twinspark_router_metrics_port | default(twinspark_layout_router_metrics_port) }}")
+    from_layout = (int(layout.default().router_port), int(layout.default().router_metrics_port))
+    assert from_layout == (fleet.DEFAULT_ROUTER_PORT, fleet.DEFAULT_ROUTER_METRICS_PORT)
 
 
 def render(name, **values):

@@ -44,7 +44,9 @@ def inventory_vars(source: Path):
 
 def layout_args(etc: Path, state: Path) -> list[str]:
     """The env files, the restart flag, the node's layout file and the venv (this checkout's) under tmp_path."""
-    return ["-e", f"serve_env_dir={etc}", "-e", f"twinspark_layout_control_dir={state}",
+    return ["-e", f"twinspark_layout_serve_env={etc}/serve.env",
+            "-e", f"twinspark_layout_secrets_env={etc}/secrets.env",
+            "-e", f"twinspark_layout_control_dir={state}",
             "-e", f"twinspark_layout_restart_flag={state}/restart-pending",
             "-e", f"twinspark_layout_venv={TWINSPARK.parent.parent}",
             "-e", f"twinspark_layout_node_file={etc}/layout.json"]

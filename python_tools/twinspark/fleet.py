@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twinspark import api, nodeenv
+from twinspark import api, layout, nodeenv
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -42,8 +42,8 @@ FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 ROUTER_URL_VAR = "twinspark_router_url"
 ROUTER_PAIR_URL_VAR = "twinspark_router_pair_url"
 API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
-DEFAULT_ROUTER_PORT = 30000
-DEFAULT_ROUTER_METRICS_PORT = 29000
+DEFAULT_ROUTER_PORT = int(layout.default().router_port)
+DEFAULT_ROUTER_METRICS_PORT = int(layout.default().router_metrics_port)
 RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP, SINGLE_PAIR})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

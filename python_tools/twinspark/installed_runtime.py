@@ -66,7 +66,7 @@ def _version(name: str, find: Callable[[str], metadata.Distribution]) -> str | N
 
 
 FLAVOUR_ENV = "TWINSPARK_RUNTIME_FLAVOUR"
-DEFAULT_ENV_FILE = "/etc/twinspark/serve.env"
+DEFAULT_ENV_FILE = layout.current().serve_env
 
 
 def flavour_from_env(path: Path) -> str | None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twinspark import api, envfile, fleet, layout, nodeenv, settings
-from twinspark.health.gather import SECRETS_ENV, SERVE_ENV
 
 HEAD_GROUP = nodeenv.HEAD_GROUP
 WORKER_GROUP = nodeenv.WORKER_GROUP
@@ -38,6 +37,8 @@ class Node:
     accept_unknown_host_key: bool
     twinspark: str = REMOTE_TWINSPARK
     """The `twinspark` command on the node (the inventory's twinspark_layout_venv)."""
+    env_files: tuple[str, str] = (layout.default().serve_env, layout.default().secrets_env)
+    """The node's env files, serve then secrets (the inventory's twinspark_layout_serve_env and _secrets_env)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
             return templar.template(raw) if isinstance(raw, str) else raw
 
         key_file = value("ansible_ssh_private_key_file") or value("ansible_private_key_file")
+        node_layout = layout.from_vars({e.var: value(e.var) for e in layout.entries() if e.var in hostvars})
         settings = {k: value(k) for k in ("ansible_host_key_checking", "ansible_ssh_host_key_checking",
                                          "ansible_ssh_common_args", "ansible_ssh_extra_args")}
         found = Node(
@@ -139,7 +141,8 @@ def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
             user=str(value("ansible_user") or value("ansible_ssh_user") or "root"),
             key_file=str(Path(str(key_file)).expanduser()) if key_file else None,
             accept_unknown_host_key=_accepts_unknown_host_keys(settings),
-            twinspark=layout.from_vars({e.var: value(e.var) for e in layout.entries() if e.var in hostvars}).cli,
+            twinspark=node_layout.cli,
+            env_files=(node_layout.serve_env, node_layout.secrets_env),
         )
         tls = {name: value(name) for name in (api.TLS_CERT_VAR, api.TLS_CA_VAR)}
         return found, {"value": value, "api_ca": api.tls_ca_from_inventory(tls)}
@@ -224,9 +227,9 @@ def describe_ssh_error(node: Node, error: Exception) -> str:
 
 
 def read_remote_env(connection: Connection, timeout: float) -> dict[str, str]:
-    """The head's env files, read over SSH into memory (secrets stay in this process)."""
+    """The node's env files (Node.env_files), read over SSH into memory (secrets stay in this process)."""
     env: dict[str, str] = {}
-    for path in (SERVE_ENV, SECRETS_ENV):
+    for path in connection.node.env_files:
         rc, out, _err = connection.run(f"cat {shlex.quote(str(path))}", timeout)
         if rc == 0:
             env.update(envfile.parse(out, str(path)).values)

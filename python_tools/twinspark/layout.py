@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from twinspark import settings
+
 VAR_PREFIX = "twinspark_layout_"
 LAYOUT_FILE_ENV = "TWINSPARK_LAYOUT_FILE"
 
@@ -34,10 +36,11 @@ class Entry:
         return VAR_PREFIX + self.name
 
 
+@functools.cache
 def entries() -> tuple[Entry, ...]:
-    """The registry in layout.yml, in file order."""
+    """The registry in layout.yml, in file order (read once per process: it is part of the package)."""
     text = resources.files("twinspark").joinpath("layout.yml").read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
+    raw = yaml.load(text, Loader=settings.SAFE_LOADER)
     return tuple(Entry(name, str(spec["default"]), spec["type"], " ".join(str(spec["doc"]).split()))
                  for name, spec in raw.items())
 
@@ -55,6 +58,8 @@ class Layout:
     guard_dir: str
     guard_state: str
     node_file: str
+    serve_env: str
+    secrets_env: str
     unit_vllm: str
     unit_pair_guard: str
     unit_pair_guard_timer: str
@@ -66,6 +71,8 @@ class Layout:
     pair_args: str
     firewall_state: str
     bandwidth_record: str
+    router_port: str
+    router_metrics_port: str
 
     @property
     def cli(self) -> str:

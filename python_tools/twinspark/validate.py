@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from twinspark import budget, settings
+from twinspark import budget, layout, settings
 from twinspark.doctor import findings
 from twinspark.settings import Knob, Registry
 
@@ -211,7 +211,8 @@ def base_url(text: str) -> str:
         raise ValueError("has a port that is not 1-65535") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") \
             or parsed.query or parsed.fragment:
-        raise ValueError("is not a base URL like http://10.0.0.5:30000 (http or https, a host, no path)")
+        example = f"http://10.0.0.5:{layout.default().router_port}"
+        raise ValueError(f"is not a base URL like {example} (http or https, a host, no path)")
     return text.strip().rstrip("/")
 
 

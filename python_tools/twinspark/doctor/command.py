@@ -22,7 +22,7 @@ from twinspark.doctor import collect, rules
 
 EXIT_BAD_INPUT = 3
 MAX_FACTS_BYTES = 8 << 20
-DEFAULT_ENV_FILE = "/etc/twinspark/serve.env"
+DEFAULT_ENV_FILE = layout.current().serve_env
 
 
 class BadInput(Exception):

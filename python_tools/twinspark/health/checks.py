@@ -264,8 +264,8 @@ def check_env(node: str, env: Mapping[str, object]) -> CheckResult:
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         return failed(node, "env", "; ".join(problems[:3]) + more,
-                      "fix the inventory and rerun site.yml; `twinspark env check /etc/twinspark/serve.env "
-                      "/etc/twinspark/secrets.env` lists every problem")
+                      f"fix the inventory and rerun site.yml; `twinspark env check {' '.join(map(str, files))}` "
+                      "lists every problem")
     return ok(node, "env", f"{len(files)} env file(s) valid, {env.get('count', 0)} settings")
 
 

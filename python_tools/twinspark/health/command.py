@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node", help="the name this node reports under with --local (default: its hostname)")
     parser.add_argument("--env", action="append", type=Path, metavar="FILE",
                         help="with --local: env file(s) to read, later ones override earlier ones "
-                        "(default: /etc/twinspark/serve.env /etc/twinspark/secrets.env)")
+                        f"(default: {gather.SERVE_ENV} {gather.SECRETS_ENV})")
     parser.set_defaults(func=run)
 
 

@@ -37,8 +37,8 @@ from twinspark import model as checkpoint
 from twinspark.doctor import bandwidth, collect
 from twinspark.fabric import gid, links, sysfs
 
-SERVE_ENV = Path("/etc/twinspark/serve.env")
-SECRETS_ENV = Path("/etc/twinspark/secrets.env")
+SERVE_ENV = Path(layout.current().serve_env)
+SECRETS_ENV = Path(layout.current().secrets_env)
 STATE_DIR = Path(layout.current().state_dir)
 UNIT = layout.current().unit_vllm
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "Result",
@@ -229,7 +229,7 @@ def read_model(env: Mapping[str, str]) -> dict[str, object]:
         return facts
     path: Path | None = Path(model)
     if not path.is_absolute():
-        hf_home = Path(env.get("HF_HOME") or STATE_DIR / "hf")
+        hf_home = Path(env.get("HF_HOME") or checkpoint.DEFAULT_HF_HOME)
         commit = checkpoint.resolve_offline(hf_home, model, revision or None)
         path = checkpoint.snapshot_dir(hf_home, model, commit) if commit else None
     if path is None or not (path / "config.json").is_file():

@@ -31,7 +31,7 @@ from twinspark.guard_rules import (
 from twinspark.pair import guard, lifecycle
 from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, Pair, log
 
-DEFAULT_ENV_FILES = ("/etc/twinspark/serve.env", "/etc/twinspark/secrets.env")
+DEFAULT_ENV_FILES = (layout.current().serve_env, layout.current().secrets_env)
 
 
 def _read_env(paths: Sequence[str]) -> dict[str, str]:

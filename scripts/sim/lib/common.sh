@@ -97,10 +97,17 @@ Host $MGMT_PREFIX.* $IC_PREFIX.*
 log() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 now() { date +%s.%N; }
+# One value of the node layout (python_tools/twinspark/layout.yml, the one place paths, ports and unit names are
+# written), e.g. `layout_value secrets_env`.
+layout_value() {
+  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from twinspark import layout; print(getattr(layout.default(), sys.argv[2]))' \
+    "$SIM_SCRIPTS/../../python_tools" "$1"
+}
+
 # The key the head's service really uses, read on the head node (node1) and printed for a caller to pass on through
 # the environment, never to show. Probes send the first key: VLLM_API_KEY, else the first of DSPARK_API_KEYS.
 head_api_key() {
-  timeout 10 "$SIM_SCRIPTS/nx" node1 cat /etc/twinspark/secrets.env 2>/dev/null | tr -d '\r' | awk -F= '
+  timeout 10 "$SIM_SCRIPTS/nx" node1 cat "$(layout_value secrets_env)" 2>/dev/null | tr -d '\r' | awk -F= '
     /^[ \t]*(VLLM_API_KEY|DSPARK_API_KEYS)[ \t]*=/ {
       v = substr($0, index($0, "=") + 1); gsub(/^[ \t"'"'"']+|[ \t"'"'"']+$/, "", v); split(v, keys, /[ \t]+/)
       if (keys[1] != "") { print keys[1]; exit }
