@@ -9,10 +9,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-twinspark-wheel"
 
 
+@pytest.mark.slow(10)
 def test_two_builds_of_the_same_sources_are_byte_identical(tmp_path):
     source = tmp_path / "repo"
     (source / "scripts").mkdir(parents=True)

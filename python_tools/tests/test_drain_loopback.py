@@ -73,6 +73,7 @@ def _drained_restart(drill, victim: str, gave_up: bool, total: int = 120, at: in
     return routerprobe.summarise(outcomes), lines, seen_running
 
 
+@pytest.mark.slow(28)
 def test_a_drained_restart_loses_no_request_and_the_pair_takes_traffic_again(drill):
     figures, lines, seen_running = _drained_restart(drill, "a", gave_up=False)
     before = drill.served_by("a")
@@ -89,6 +90,7 @@ def test_a_drained_restart_loses_no_request_and_the_pair_takes_traffic_again(dri
     assert served_after > 0
 
 
+@pytest.mark.slow(28)
 def test_a_pair_the_guard_gave_up_on_stays_out(drill):
     figures, lines, _ = _drained_restart(drill, "a", gave_up=True)
     before = drill.served_by("a")
@@ -113,6 +115,7 @@ def test_a_router_that_cannot_be_reached_does_not_block_the_work(drill):
     assert "cannot be reached" in lines[-1]
 
 
+@pytest.mark.slow(12)
 def test_a_pair_the_guard_gave_up_on_is_taken_out_again_after_a_router_restart(drill):
     """The router's list lives in memory: restarted, it lists every pair of --worker-urls again. The guard's next
     run (drain.keep_out, on each run while it has given up) takes the given-up pair out again, and only then."""

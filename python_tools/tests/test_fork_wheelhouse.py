@@ -148,6 +148,7 @@ def _installed(venv_python: Path) -> str:
         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
 
 
+@pytest.mark.slow(25)
 def test_role_install_takes_the_pinned_wheels_and_refuses_a_flipped_byte(wheels, tmp_path):
     wheel_dir, pinned = wheels
     venv = tmp_path / "venv"
@@ -193,6 +194,7 @@ def run_role(step: str, work_dir: Path, wheel_dir: Path, venv_dir: Path, fork_wh
     return localplay.run("vllm_runtime_fork.yml", extra)
 
 
+@pytest.mark.slow(5)
 def test_role_preflight_refuses_bad_fork_input_naming_the_variable(tmp_path):
     rc, output, _ = run_role("preflight", tmp_path, tmp_path / "wheels", tmp_path / "venv",
                              [{"file": "vllm-0.33.0-py3-none-any.whl", "sha256": "TODO"}])
@@ -200,6 +202,7 @@ def test_role_preflight_refuses_bad_fork_input_naming_the_variable(tmp_path):
     assert "vllm_runtime_fork_wheels[0].sha256 must be the wheel's sha256" in output
 
 
+@pytest.mark.slow(55)
 def test_role_installs_the_fork_once_and_refuses_a_changed_wheel(wheels, tmp_path):
     wheel_dir, pinned = wheels
     venv = tmp_path / "runtimes" / "vllm-0.33.0+fork.1-aaaaaaaaaaaa" / "venv"

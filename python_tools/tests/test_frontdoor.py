@@ -217,6 +217,7 @@ def test_an_unhealthy_fleet_after_a_pair_stops_the_walk_once_the_gate_times_out(
     assert "HEALTH TABLE exit 1" in out, "the failing gate shows its health table"
 
 
+@pytest.mark.slow(10)
 def test_the_gate_waits_for_the_fleet_to_become_healthy(fleet_project, monkeypatch, capsys):
     runs, asked = _fake_runs(monkeypatch), _fake_health(monkeypatch, [1, 1, 0])
     assert cli.main(["upgrade", "-i", str(fleet_project / "fleet.yml"), "--gate-timeout", "60"]) == 0

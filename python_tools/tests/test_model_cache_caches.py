@@ -22,6 +22,7 @@ def _caches(work: Path, *options: str) -> tuple[int, str, dict]:
     return localplay.run("model_cache_caches.yml", extra, *options)
 
 
+@pytest.mark.slow(45)
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role gives the caches to another account (owner: nobody)")
 def test_caches_converge_and_a_changed_cache_is_seen_and_fixed(tmp_path):
     nobody = pwd.getpwnam("nobody")

@@ -157,6 +157,7 @@ def results(output: str) -> dict[str, tuple[int, list[str]]]:
     return found
 
 
+@pytest.mark.slow(3)
 @needs_netns
 @pytest.mark.parametrize("safety_net", [True, False], ids=["safety-net", "no-safety-net"])
 def test_with_the_pair_down_every_tool_refuses_and_nothing_leaves(safety_net):

@@ -55,6 +55,7 @@ def role_run(tmp_path_factory):
     return out_dir, completed.stdout
 
 
+@pytest.mark.slow(13)
 def test_rendered_sources_file_is_nvidias_sbsa_repository_signed_by_the_pinned_keyring(role_run):
     out_dir, _ = role_run
     lines = (out_dir / "nvidia-cuda.sources").read_text().splitlines()

@@ -67,6 +67,7 @@ def probe_once(tmp_path: Path, arguments: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow(5)
 def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_path):
     node = tmp_path / "node"
     (node / "dir").mkdir(parents=True)
@@ -174,6 +175,7 @@ def gated(tmp_path):
 GATED_TASKS = ["Write the templated file", "Write the static file", "Create the directory", "Point the link"]
 
 
+@pytest.mark.slow(30)
 def test_a_converged_run_skips_the_gated_tasks_and_drift_runs_them_again(tmp_path, gated):
     first = ansible_playbook(tmp_path, gated)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -282,6 +284,7 @@ def test_the_controller_sha1_of_a_file(tmp_path):
     assert converged.file_sha256(wheel) == hashlib.sha256(wheel.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow(4)
 def test_the_module_reads_small_texts_and_paths_in_each_accounts_home(tmp_path):
     node = tmp_path / "node"
     node.mkdir()
@@ -331,6 +334,7 @@ LINE_ROLE = """
 """
 
 
+@pytest.mark.slow(50)
 def test_lineinfile_gated_on_the_probe_runs_exactly_when_lineinfile_would_change_something(tmp_path):
     (tmp_path / "node").mkdir()
     (tmp_path / "roles" / "lines" / "tasks").mkdir(parents=True)

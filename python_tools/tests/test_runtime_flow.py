@@ -94,6 +94,7 @@ def _flow(work: Path, wheels: Path, *options: str) -> tuple[int, str, dict]:
                          timeout=900)
 
 
+@pytest.mark.slow(170)
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role writes root-owned files (owner: root)")
 def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     wheels = tmp_path / "wheels"

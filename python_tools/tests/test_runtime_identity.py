@@ -38,6 +38,7 @@ def _id(output: str) -> str:
     return found[1]
 
 
+@pytest.mark.slow(10)
 def test_content_id_is_stable_and_follows_patches_and_wheels(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()

@@ -54,6 +54,7 @@ def layout(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow(12)
 @pytest.mark.parametrize("with_find", [False, True])
 def test_a_pending_restart_carries_over_and_the_old_flag_and_key_go(layout, with_find):
     (layout / "state" / "restart-pending").write_text("")
@@ -69,6 +70,7 @@ def test_a_pending_restart_carries_over_and_the_old_flag_and_key_go(layout, with
     assert ("item=" not in output) == with_find, output[-3000:]
 
 
+@pytest.mark.slow(7)
 @pytest.mark.parametrize("with_find", [False, True])
 def test_a_planted_link_in_place_of_the_old_flag_is_removed_not_followed(layout, with_find):
     victim = layout / "victim"

@@ -47,6 +47,7 @@ def _guard(tmp_path: Path, state: Path, *options: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+@pytest.mark.slow(6)
 def test_a_link_and_a_foreign_owner_stop_the_run_and_a_clean_directory_passes(tmp_path):
     state = tmp_path / "state"
     (state / "models").mkdir(parents=True)
@@ -65,6 +66,7 @@ def test_a_link_and_a_foreign_owner_stop_the_run_and_a_clean_directory_passes(tm
     assert "item=" not in output  # an existing state directory: the probe's listing, no stat per entry
 
 
+@pytest.mark.slow(11)
 def test_a_new_state_directory_in_check_mode_is_looked_at_by_the_stat_loop_without_a_warning(tmp_path):
     rc, output = _guard(tmp_path, tmp_path / "absent", "--check")
     assert rc == 0 and "[WARNING]" not in output, output[-3000:]

@@ -119,6 +119,7 @@ def test_example_inventory_comments_show_the_registry_defaults():
         assert settings.to_env_text(value) == (default or ""), name
 
 
+@pytest.mark.slow(10)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 def test_validate_playbook_passes_on_the_sim_inventory_and_names_a_bad_variable():
     ok = playbook("-i", "inventory/sim", "playbooks/validate.yml", check=True)
@@ -133,6 +134,7 @@ def test_validate_playbook_passes_on_the_sim_inventory_and_names_a_bad_variable(
     assert "leaky" not in bad.stdout + bad.stderr
 
 
+@pytest.mark.slow(60)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     etc, state = tmp_path / "etc", tmp_path / "state"
@@ -182,6 +184,7 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     assert "twinspark-sim-test-only-key" not in changed.stdout + changed.stderr
 
 
+@pytest.mark.slow(30)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 def test_the_hf_token_never_reaches_secrets_env(tmp_path):
     """Only the model download needs HF_TOKEN (role model_cache hands it to that command): secrets.env, whose copy
@@ -218,6 +221,7 @@ def test_filter_plugin_finds_the_package_without_an_install(tmp_path):
     assert result.stdout.strip() == str(ROOT / "python_tools" / "twinspark" / "nodeenv.py")
 
 
+@pytest.mark.slow(45)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 def test_tls_files_go_to_the_head_only_and_the_key_never_shows(tmp_path):
     """In check mode (nothing is written to this machine's /etc): with twinspark_vllm_tls_cert/_key set, the head

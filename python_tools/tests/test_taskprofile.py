@@ -99,6 +99,7 @@ def ansible_playbook(tmp_path: Path, playbook: Path, enabled: bool, **env_extra:
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow(12)
 def test_the_callback_records_each_task_with_its_time_and_outcomes(tmp_path):
     record = tmp_path / "times.jsonl"
     done = run_playbook(tmp_path, record, enabled=True)
@@ -117,6 +118,7 @@ def test_the_callback_records_each_task_with_its_time_and_outcomes(tmp_path):
     assert all(r.hosts == {"localhost": r.outcome()} for r in rows)
 
 
+@pytest.mark.slow(10)
 def test_the_callback_writes_nothing_unless_enabled(tmp_path):
     record = tmp_path / "times.jsonl"
     done = run_playbook(tmp_path, record, enabled=False)
@@ -125,6 +127,7 @@ def test_the_callback_writes_nothing_unless_enabled(tmp_path):
     assert "time per phase:" not in done.stdout
 
 
+@pytest.mark.slow(10)
 def test_the_callback_sums_the_stage_playbooks_into_the_demos_phases(tmp_path):
     """What scripts/sim/demo keeps for the yardstick (TWINSPARK_PHASE_TIMES) and the table at the end of the run,
     from stage playbooks named as site.yml's are: validate and fabric are both "packages", runtime is its own."""

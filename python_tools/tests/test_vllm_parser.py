@@ -77,9 +77,10 @@ def wrong_stock_registry() -> settings.Registry:
 
 
 @pytest.fixture(scope="session")
-def judged(vllm_python, hf_home) -> dict[str, list[str]]:
-    """vllmcheck.check in the throwaway venv on argv built here, all cases in one process (vLLM imports once):
-    case name -> findings."""
+def judged(vllm_python, hf_home) -> dict[str, object]:
+    """vLLM's own code in the throwaway venv on argv built here, all cases in one process (vLLM imports once, the
+    dearest step on this machine): case name -> vllmcheck.check's findings, plus "tls_ssl_args", what vLLM's serve
+    parser puts into ssl_certfile, ssl_keyfile and ssl_ca_certs for the TLS head's argv."""
     config = json.loads(CONFIG.read_text())
     clamped = {**config, "swiglu_limit": 10.0,
                "quantization_config": {**config["quantization_config"], "moe_quant_algo": "NVFP4"}}
@@ -88,10 +89,17 @@ def judged(vllm_python, hf_home) -> dict[str, list[str]]:
         "nvfp4_ds_mla_under_stock": (gb10_argv(0, wrong_stock_registry()), config),
         "parser_rejects_a_value": (stock + ["--max-num-seqs", "six"], config),
         "unclamped_nvfp4_backend": (stock + ["--moe-backend", "flashinfer_b12x"], clamped),
+        "tls_head": (tls_head_argv(), config),
     }
-    script = ("import json, sys; from twinspark import vllmcheck; cases = json.load(sys.stdin); "
-              "print(json.dumps({name: [str(f) for f in vllmcheck.check(argv, config, (12, 1), "
-              "assume_kernels=True).findings] for name, (argv, config) in cases.items()}))")
+    script = ("import json, sys; from twinspark import vllmcheck; "
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser; cases = json.load(sys.stdin); "
+              "out = {name: [str(f) for f in vllmcheck.check(argv, config, (12, 1), assume_kernels=True).findings] "
+              "for name, (argv, config) in cases.items()}; "
+              "parser = FlexibleArgumentParser(prog='vllm'); sub = parser.add_subparsers(dest='subparser'); "
+              "vllmcheck._serve_cli_args().make_arg_parser(sub.add_parser('serve', prog='vllm serve')); "
+              "args = parser.parse_args(['serve', *cases['tls_head'][0]]); "
+              "out['tls_ssl_args'] = [args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs]; "
+              "print(json.dumps(out))")
     done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps(cases), capture_output=True, text=True,
                           timeout=600, env=_vllm_env(hf_home))
     assert done.returncode == 0, done.stderr[-4000:]
@@ -115,6 +123,7 @@ def gb10_argv(rank: int, registry: settings.Registry) -> list[str]:
     return launcher.build_command(result.values, result.others, registry).argv[1 + len(launcher.VLLM_ENTRY):]
 
 
+@pytest.mark.slow(35)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_python, hf_home, tmp_path, rank):
     code, report, err = runtime_check(vllm_python, hf_home, env_file(tmp_path, rank, hf_home=hf_home))
@@ -132,6 +141,7 @@ def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_pytho
     assert "mxfp4 experts, moe_backend=auto" in checked
 
 
+@pytest.mark.slow(45)
 def test_nvfp4_ds_mla_as_the_stock_default_fails_with_vllms_reason(judged):
     findings = judged["nvfp4_ds_mla_under_stock"]
     print("\n".join(findings))
@@ -141,6 +151,7 @@ def test_nvfp4_ds_mla_as_the_stock_default_fails_with_vllms_reason(judged):
                "supported" in line for line in findings), findings
 
 
+@pytest.mark.slow(35)
 def test_fork_flags_on_stock_vllm_fail_naming_each_flag(vllm_python, hf_home, tmp_path):
     path = env_file(tmp_path, 1, "TWINSPARK_RUNTIME_FLAVOUR=fork\n", hf_home=hf_home)
     code, report, err = runtime_check(vllm_python, hf_home, path)
@@ -169,26 +180,19 @@ TLS_LINES = ("TWINSPARK_VLLM_TLS_CERT=/etc/twinspark/tls/server.crt\n"
              "TWINSPARK_VLLM_TLS_KEY=/etc/twinspark/tls/server.key\nTWINSPARK_VLLM_TLS_CA=/etc/twinspark/tls/ca.crt\n")
 
 
-def test_tls_on_the_head_is_vllms_own_ssl_flags(vllm_python, hf_home, tmp_path):
-    """The head's argv with TLS on passes the runtime check, and vLLM 0.33.0's own parser puts the two files into
-    its ssl_certfile/ssl_keyfile (the API server's TLS) and nothing into ssl_ca_certs (no client certificates)."""
-    path = env_file(tmp_path, 0, TLS_LINES, hf_home=hf_home)
-    code, report, err = runtime_check(vllm_python, hf_home, path)
-    assert code == 0 and report["findings"] == [], err
+def tls_head_argv() -> list[str]:
+    """The head's argv with the API's TLS on, as the launcher builds it from the env files."""
     serve, secrets = nodeenv.example_env("gb10", 0)
     values = validate.validate({**serve, **secrets, **dict(line.split("=", 1) for line in TLS_LINES.split())}).values
-    argv = launcher.build_command(values).argv[1 + len(launcher.VLLM_ENTRY):]
-    script = ("import json, sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-              "from twinspark import vllmcheck; parser = FlexibleArgumentParser(prog='vllm'); "
-              "sub = parser.add_subparsers(dest='subparser'); "
-              "vllmcheck._serve_cli_args().make_arg_parser(sub.add_parser('serve', prog='vllm serve')); "
-              "args = parser.parse_args(['serve', *json.load(sys.stdin)]); "
-              "print(json.dumps([args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs]))")
-    done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps(argv), capture_output=True, text=True,
-                          timeout=600, env=_vllm_env(hf_home))
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["/etc/twinspark/tls/server.crt",
-                                                                "/etc/twinspark/tls/server.key", None]
+    return launcher.build_command(values).argv[1 + len(launcher.VLLM_ENTRY):]
+
+
+def test_tls_on_the_head_is_vllms_own_ssl_flags(judged):
+    """The head's argv with TLS on passes vLLM 0.33.0's checks (the ones `twinspark runtime check` runs), and
+    vLLM's own parser puts the two files into its ssl_certfile/ssl_keyfile (the API server's TLS) and nothing into
+    ssl_ca_certs (no client certificates)."""
+    assert judged["tls_head"] == []
+    assert judged["tls_ssl_args"] == ["/etc/twinspark/tls/server.crt", "/etc/twinspark/tls/server.key", None]
 
 
 # ---- no vLLM needed below: the glue's own rules and the command's input handling

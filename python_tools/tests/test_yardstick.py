@@ -230,6 +230,7 @@ def calls(state: Path) -> list[tuple[str, list[str]]]:
     return [(c["node"], c["argv"]) for c in map(json.loads, path.read_text().splitlines())]
 
 
+@pytest.mark.slow(6)
 def test_a_run_times_three_steps_prints_the_table_and_removes_everything(tmp_path, pair):
     done = run_script(tmp_path, pair, "--phases", str(tmp_path / "demo-phases.jsonl"),
                       "--record", str(tmp_path / "record.jsonl"))
@@ -266,6 +267,7 @@ def test_a_serving_pair_is_refused_and_nothing_is_made(tmp_path, pair):
     assert not any(a[0] in ("systemd-run", "mkdir", "rm") or a[:2] == ["systemctl", "stop"] for _, a in calls(pair))
 
 
+@pytest.mark.slow(7)
 def test_stop_pair_stops_guard_head_worker_then_runs(tmp_path, pair):
     for name in ("rank-node1", "rank-node2", "guard"):
         (pair / name).write_text("active")
@@ -284,6 +286,7 @@ def test_leftovers_of_an_earlier_run_are_refused(tmp_path, pair):
     assert not any(a[0] == "rm" for _, a in calls(pair))  # not ours to remove unasked
 
 
+@pytest.mark.slow(8)
 def test_a_rank_that_dies_fails_the_step_and_is_cleaned_up(tmp_path, pair):
     (pair / "die-rank1").touch()
     done = run_script(tmp_path, pair, "--steps", "model,serve", "--ready-timeout", "20")
@@ -294,6 +297,7 @@ def test_a_rank_that_dies_fails_the_step_and_is_cleaned_up(tmp_path, pair):
     assert [p.name for n in ("node1", "node2") for p in (pair / "units" / n).iterdir()] == []
 
 
+@pytest.mark.slow(6)
 def test_a_failed_pip_fails_the_run_naming_the_node(tmp_path, pair):
     (pair / "fail-pip-node2").touch()
     done = run_script(tmp_path, pair, "--steps", "runtime,model")
@@ -345,6 +349,7 @@ def test_a_node_that_is_not_running_is_refused(tmp_path, pair):
     assert done.returncode == 2 and "node2 does not answer" in done.stderr and "scripts/sim/up" in done.stderr
 
 
+@pytest.mark.slow(9)
 def test_a_rejected_chat_fails_at_once_not_at_the_deadline(tmp_path, pair):
     (pair / "reject-chat").touch()
     done = run_script(tmp_path, pair, "--steps", "model,serve", "--ready-timeout", "600")
