@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from twinspark import routerconf, routerlaunch, routerprobe
+from twinspark import routerclient, routerconf, routerlaunch
 
 HERE = Path(__file__).resolve().parent
 # Started as a script, as roles/router runs it on the router node.
@@ -132,7 +132,7 @@ class Drill:
              "--worker-urls", self.url("a"), self.url("b"), *ROUTER_FLAGS, *self.extra_flags],
             stdout=self._log("router"), stderr=subprocess.STDOUT)
         if wait:
-            _wait(lambda: routerprobe.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
+            _wait(lambda: routerclient.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
 
     def restart_router(self) -> tuple[float, float]:
         """SIGTERM the router (its graceful stop), start it again: (seconds to stop, seconds to answer again)."""
@@ -159,13 +159,13 @@ class Drill:
             self.keycheck.server_close()
 
     def health(self) -> dict[str, bool]:
-        status, text = routerprobe.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
-        return routerprobe.worker_health(text) if status == 200 else {}
+        status, text = routerclient.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
+        return routerclient.worker_health(text) if status == 200 else {}
 
     def served_by(self, name: str) -> float:
         """The router's processed-request count for one backend (its Prometheus counter)."""
-        _, text = routerprobe.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
-        return routerprobe.processed(text, self.url(name))
+        _, text = routerclient.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
+        return routerclient.processed(text, self.url(name))
 
     def run_restart(self, total: int = 300, concurrency: int = 2, restart_at: int = 60) -> dict:
         """The router itself restarted (what a key or pair-list change costs) under a client loop; its figures."""
@@ -177,16 +177,16 @@ class Drill:
             took["stop_s"], took["start_s"] = self.restart_router()
             took["restart_s"] = took["stop_s"] + took["start_s"]
 
-        def on_done(_outcome: routerprobe.Outcome) -> None:
+        def on_done(_outcome: routerclient.Outcome) -> None:
             with lock:
                 done["n"] += 1
                 n = done["n"]
             if n == restart_at:
                 threading.Thread(target=restart).start()
 
-        outcomes = routerprobe.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=10)
+        outcomes = routerclient.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=10)
         _wait(lambda: "restart_s" in took, 60, "router restarted")
-        figures = routerprobe.summarise(outcomes)
+        figures = routerclient.summarise(outcomes)
         # a refused connection fails at once, so a fast loop's failed count says little: the window is the figure
         figures.pop("failed_indices")
         figures.update({"mode": "restart", "concurrency": concurrency, "stop_s": round(took["stop_s"], 2),
@@ -214,7 +214,7 @@ class Drill:
             try:
                 if step == "out":
                     if mode == "drain":
-                        status, _ = routerprobe.request(self.base, f"/remove_worker?url={self.url(victim)}", KEY,
+                        status, _ = routerclient.request(self.base, f"/remove_worker?url={self.url(victim)}", KEY,
                                                         "POST")
                         actions.append(f"remove_worker {status}")
                         # the requests already sent to the victim finish before it is touched
@@ -227,19 +227,19 @@ class Drill:
                         # loop can reach back_at before the health checker's second failed check
                         deadline = time.monotonic() + 30
                         while (time.monotonic() < deadline
-                               and routerprobe.first_time(samples, False, marks.get("kill", float("inf"))) is None):
+                               and routerclient.first_time(samples, False, marks.get("kill", float("inf"))) is None):
                             time.sleep(0.1)
                     self.start_backend(victim)
                     marks["back"] = time.monotonic()
                     marks["served_at_back"] = self.served_by(victim)
                     if mode == "drain":
-                        status, _ = routerprobe.request(self.base, f"/add_worker?url={self.url(victim)}", KEY,
+                        status, _ = routerclient.request(self.base, f"/add_worker?url={self.url(victim)}", KEY,
                                                         "POST", timeout_s=130)
                         actions.append(f"add_worker {status}")
             except Exception as error:  # noqa: BLE001 - reported in the figures, never hidden
                 actions.append(f"{step} failed: {error}")
 
-        def on_done(_outcome: routerprobe.Outcome) -> None:
+        def on_done(_outcome: routerclient.Outcome) -> None:
             with lock:
                 done["n"] += 1
                 n = done["n"]
@@ -251,24 +251,24 @@ class Drill:
         watcher = threading.Thread(target=sampler, daemon=True)
         watcher.start()
         started = time.monotonic()
-        outcomes = routerprobe.client_loop(self.base, KEY, total, concurrency, on_done)
+        outcomes = routerclient.client_loop(self.base, KEY, total, concurrency, on_done)
         elapsed = time.monotonic() - started
         _wait(lambda: "back" in marks, 30, "victim restarted")
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and routerprobe.first_time(samples, True, marks["back"]) is None:
+        while time.monotonic() < deadline and routerclient.first_time(samples, True, marks["back"]) is None:
             time.sleep(0.1)
         # after the rejoin, some traffic must reach the victim again
-        after = routerprobe.client_loop(self.base, KEY, 20, concurrency)
+        after = routerclient.client_loop(self.base, KEY, 20, concurrency)
         stop.set()
         watcher.join(timeout=5)
-        eject = routerprobe.first_time(samples, False, marks.get("kill", float("inf")))
-        rejoin = routerprobe.first_time(samples, True, marks["back"])
-        figures = routerprobe.summarise(outcomes)
+        eject = routerclient.first_time(samples, False, marks.get("kill", float("inf")))
+        rejoin = routerclient.first_time(samples, True, marks["back"])
+        figures = routerclient.summarise(outcomes)
         figures.update({
             "mode": mode, "concurrency": concurrency, "loop_s": round(elapsed, 2), "actions": actions,
             "eject_s": None if eject is None else round(eject - marks["kill"], 2),
             "rejoin_s": None if rejoin is None else round(rejoin - marks["back"], 2),
-            "after_rejoin_failed": routerprobe.summarise(after)["failed"],
+            "after_rejoin_failed": routerclient.summarise(after)["failed"],
             "victim_served_after_back": self.served_by(victim) - marks["served_at_back"],
         })
         return figures

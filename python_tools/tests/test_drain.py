@@ -14,7 +14,7 @@ from test_pairlife_cycle import Head
 
 from twinspark import cli, drain
 from twinspark import guard_rules as rules
-from twinspark.guard_rules import Probe
+from twinspark.guard_rules import Generation
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import guard
 from twinspark.pair import lifecycle as pl
@@ -191,10 +191,10 @@ class RoutedHead(Head):
         return {"running": 0.0, "waiting": 0.0}
 
     def probe(self, timeout_s):
-        return (Probe.OK, "one token") if self.serves else (Probe.TIMEOUT, "no token")
+        return (Generation.OK, "one token") if self.serves else (Generation.TIMEOUT, "no token")
 
     def observe(self, probe_timeout_s, policy=None, state=None):
-        return rules.Observation(self.states["head"], self.states["worker"], Probe.SKIPPED, "", 0.0, ())
+        return rules.Observation(self.states["head"], self.states["worker"], Generation.SKIPPED, "", 0.0, ())
 
 
 @pytest.fixture
@@ -405,7 +405,7 @@ def test_a_pair_left_out_by_a_failed_restart_goes_back_on_the_first_healthy_guar
     head.calls.clear()
     head.serves = True
     head.observe = lambda probe_timeout_s, policy=None, state=None: rules.Observation(
-        "active", "active", Probe.OK, "one token", 60.0, ())
+        "active", "active", Generation.OK, "one token", 60.0, ())
     assert cli.main(["pair", "guard", *routed["args"]]) == 0
     assert head.calls == ["router list_workers", "router add"]
     head.listed = ["http://p:1"]

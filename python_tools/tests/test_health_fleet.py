@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from twinspark import inventory as inv
-from twinspark import netguard, routerprobe
+from twinspark import netguard, routerclient
 from twinspark.health import checks, command, fleetreport, report
 from twinspark.health.fleetreport import PairSeen, RouterSeen
 
@@ -73,7 +73,7 @@ def test_a_router_that_does_not_answer_fails_the_fleet():
     (None, "URLError", None),
 ])
 def test_the_routers_list_is_read_or_refused(status, body, expected):
-    assert routerprobe.listed_from_answer(status, body) == expected
+    assert routerclient.listed_from_answer(status, body) == expected
 
 
 # --- the table and the exit code (pure) ------------------------------------------------------------------------

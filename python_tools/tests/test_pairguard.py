@@ -9,7 +9,7 @@ import pytest
 from twinspark import api as head_api
 from twinspark import guard_rules as rules
 from twinspark import systemd
-from twinspark.guard_rules import Action, Attempt, GuardState, Observation, Policy, Probe, Verdict
+from twinspark.guard_rules import Action, Attempt, Generation, GuardState, Observation, Policy, Verdict
 from twinspark.pair import guard
 from twinspark.pair import lifecycle as pl
 
@@ -19,7 +19,7 @@ NOW = 1_000_000.0
 
 
 def healthy() -> Observation:
-    return Observation("active", "active", Probe.OK, "one token in 0.2 s", 120.0)
+    return Observation("active", "active", Generation.OK, "one token in 0.2 s", 120.0)
 
 
 # --- what vLLM really does when one rank dies (roles/vllm_service/README.md, the table of faults) -----------
@@ -27,7 +27,7 @@ def healthy() -> Observation:
 
 def test_worker_killed_while_idle_restarts_the_pair_even_though_the_head_looks_fine():
     # The idle head keeps answering /health; only the worker's unit tells.
-    obs = Observation("active", "failed", Probe.SKIPPED, head_active_for_s=4000)
+    obs = Observation("active", "failed", Generation.SKIPPED, head_active_for_s=4000)
     decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "worker" in decision.reason and "failed" in decision.reason
@@ -46,7 +46,7 @@ def test_head_killed_leaves_an_orphaned_worker_that_gets_restarted_with_it():
 
 
 def test_a_failed_generation_with_both_units_active_restarts_the_pair():
-    obs = Observation("active", "active", Probe.ERROR, "HTTP 500", 4000)
+    obs = Observation("active", "active", Generation.ERROR, "HTTP 500", 4000)
     decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "HTTP 500" in decision.reason
@@ -72,13 +72,13 @@ def test_unreachable_worker_waits_instead_of_restarting_half_a_pair():
 
 
 def test_young_head_that_is_not_ready_is_still_starting():
-    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=60)
+    obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=60)
     decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert (decision.verdict, decision.action) == (Verdict.STARTING, Action.WAIT)
 
 
 def test_head_not_ready_long_after_the_grace_is_stuck_and_restarted():
-    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=601)
+    obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=601)
     decision = rules.decide(obs, GuardState(), POLICY, NOW)
     assert decision.action is Action.RESTART
     assert "601 s" in decision.reason
@@ -92,7 +92,7 @@ def test_a_unit_in_transition_is_left_alone(state):
 
 def test_timeouts_count_as_strikes_before_a_busy_pair_is_restarted():
     state = GuardState()
-    slow = Observation("active", "active", Probe.TIMEOUT, "no token within 120 s", 4000)
+    slow = Observation("active", "active", Generation.TIMEOUT, "no token within 120 s", 4000)
     actions = []
     for _ in range(3):
         decision = rules.decide(slow, state, POLICY, NOW)
@@ -102,7 +102,7 @@ def test_timeouts_count_as_strikes_before_a_busy_pair_is_restarted():
 
 
 def test_a_healthy_run_clears_timeout_strikes():
-    slow = Observation("active", "active", Probe.TIMEOUT, "no token within 120 s", 4000)
+    slow = Observation("active", "active", Generation.TIMEOUT, "no token within 120 s", 4000)
     state = rules.decide(slow, GuardState(), POLICY, NOW).state
     state = rules.decide(slow, state, POLICY, NOW).state
     state = rules.decide(healthy(), state, POLICY, NOW).state
@@ -276,7 +276,7 @@ class FakeClock:
 
 
 def test_restart_order_is_stop_head_stop_worker_start_worker_start_head_then_wait():
-    pair = RecordingPair([(Probe.NOT_READY, "refused"), (Probe.OK, "one token")])
+    pair = RecordingPair([(Generation.NOT_READY, "refused"), (Generation.OK, "one token")])
     clock = FakeClock()
     ok, outcome = pl.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
     assert ok, outcome
@@ -292,7 +292,7 @@ def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached_and_star
 
 
 def test_restart_fails_early_when_the_head_exits_while_loading():
-    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 3, head_states=["active", "inactive"])
+    pair = RecordingPair([(Generation.NOT_READY, "refused")] * 3, head_states=["active", "inactive"])
     clock = FakeClock()
     ok, outcome = pl.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
     assert not ok
@@ -301,7 +301,7 @@ def test_restart_fails_early_when_the_head_exits_while_loading():
 
 
 def test_the_wait_polls_the_head_often_and_the_worker_over_ssh_only_every_few_seconds():
-    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 20 + [(Probe.OK, "one token")])
+    pair = RecordingPair([(Generation.NOT_READY, "refused")] * 20 + [(Generation.OK, "one token")])
     clock = FakeClock()
     ok, outcome = pl.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
     assert ok, outcome
@@ -310,7 +310,7 @@ def test_the_wait_polls_the_head_often_and_the_worker_over_ssh_only_every_few_se
 
 
 def test_the_wait_stops_when_the_worker_leaves_active():
-    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 40, worker_states=["active", "failed"])
+    pair = RecordingPair([(Generation.NOT_READY, "refused")] * 40, worker_states=["active", "failed"])
     clock = FakeClock()
     ok, outcome = pl.wait_serving(pair, 600, 60, poll_s=0.5, clock=clock, sleep=clock.sleep, worker_every_s=5)
     assert not ok and "worker failed" in outcome
@@ -318,7 +318,7 @@ def test_the_wait_stops_when_the_worker_leaves_active():
 
 
 def test_restart_gives_up_waiting_at_the_ready_timeout():
-    pair = RecordingPair([(Probe.NOT_READY, "refused")] * 100)
+    pair = RecordingPair([(Generation.NOT_READY, "refused")] * 100)
     clock = FakeClock()
     ok, outcome = pl.ordered_restart(pair, 60, 10, poll_s=5, clock=clock, sleep=clock.sleep)
     assert not ok
@@ -366,20 +366,20 @@ LISTED = {"status_code": 200, "json": {"data": [{"id": "tiny", "max_model_len": 
 
 def test_one_token_back_is_ok():
     probe, _ = rules.classify_probe({"models": LISTED, "generate": {"status_code": 200, "tokens": 1}}, API, 60)
-    assert probe is Probe.OK
+    assert probe is Generation.OK
 
 
 def test_model_not_listed_yet_is_not_ready():
     results = {"models": {"error": "ConnectionError: Connection refused"}, "generate": {"error": "refused"}}
     probe, detail = rules.classify_probe(results, API, 60)
-    assert probe is Probe.NOT_READY
+    assert probe is Generation.NOT_READY
     assert "Connection refused" in detail
 
 
 def test_generation_failing_after_the_worker_died_is_an_error():
     results = {"models": LISTED, "generate": {"status_code": 500}}
     probe, detail = rules.classify_probe(results, API, 60)
-    assert probe is Probe.ERROR
+    assert probe is Generation.ERROR
     assert "HTTP 500" in detail
 
 
@@ -392,4 +392,4 @@ def test_generation_without_an_answer_in_time_is_a_timeout():
 
     generated, _ = head_api.request(SlowSession(), "POST", "http://127.0.0.1:8888/v1/completions", 1)
     probe, _ = rules.classify_probe({"models": LISTED, "generate": generated}, API, 1)
-    assert probe is Probe.TIMEOUT
+    assert probe is Generation.TIMEOUT

@@ -14,7 +14,7 @@ import pytest
 
 from twinspark import api as head_api
 from twinspark import guard_rules as rules
-from twinspark.guard_rules import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+from twinspark.guard_rules import Action, Generation, GuardState, Observation, Policy, Progress, Sample, Verdict
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import guard
 from twinspark.pair import io as pair_io
@@ -39,8 +39,8 @@ def served(at: float) -> GuardState:
     return GuardState(served_at=at)
 
 
-def run(state: GuardState, now: float, probe: Probe, samples: tuple[Sample, ...], age: float = HEAD_AGE):
-    obs = Observation("active", "active", probe, "no token within 15 s" if probe is Probe.TIMEOUT else "",
+def run(state: GuardState, now: float, probe: Generation, samples: tuple[Sample, ...], age: float = HEAD_AGE):
+    obs = Observation("active", "active", probe, "no token within 15 s" if probe is Generation.TIMEOUT else "",
                       head_active_for_s=age, samples=samples)
     return rules.decide(obs, state, POLICY, now)
 
@@ -85,12 +85,12 @@ def freeze_to_restart(freeze_after_s: float) -> tuple[float, str]:
         first = counted(now, 6, tokens(now))
         plan = rules.probe_plan(first, rules.track(state.progress, (first,), POLICY), True, POLICY, 120)
         if plan is None:  # the counters already show the stall: no probe needed
-            decision, end = run(state, now, Probe.SKIPPED, (first,)), now
+            decision, end = run(state, now, Generation.SKIPPED, (first,)), now
         else:
             assert plan == POLICY.short_probe_timeout_s
             end = now + plan
-            probe = Probe.TIMEOUT if end >= freeze else Probe.OK
-            second = (first, counted(end, 6, tokens(end))) if probe is Probe.TIMEOUT else (first,)
+            probe = Generation.TIMEOUT if end >= freeze else Generation.OK
+            second = (first, counted(end, 6, tokens(end))) if probe is Generation.TIMEOUT else (first,)
             decision = run(state, end, probe, second)
         state = decision.state
         if decision.action is Action.RESTART:
@@ -110,7 +110,7 @@ def test_frozen_pair_under_load_is_restarted_once_the_counters_stay_flat_for_the
 
 def test_counters_flat_for_less_than_the_window_wait_without_counting_strikes():
     state = served(T0 - 100)
-    decision = run(state, T0 + 15, Probe.TIMEOUT, (counted(T0, 3, 900), counted(T0 + 15, 3, 900)))
+    decision = run(state, T0 + 15, Generation.TIMEOUT, (counted(T0, 3, 900), counted(T0 + 15, 3, 900)))
     assert (decision.verdict, decision.action) == (Verdict.SUSPECT, Action.WAIT)
     assert decision.state.timeout_strikes == 0
     assert "unchanged for 15 s of the 30 s" in decision.reason
@@ -118,8 +118,8 @@ def test_counters_flat_for_less_than_the_window_wait_without_counting_strikes():
 
 def test_a_request_that_arrived_between_two_runs_is_not_timed_from_before_it():
     # idle at T0 with counter 900; at T0 + 40 a long prompt is being prefilled (running 1, counter still 900)
-    state = run(served(T0 - 10), T0, Probe.OK, (counted(T0, 0, 900),)).state
-    later = run(state, T0 + 40, Probe.TIMEOUT, (counted(T0 + 40, 1, 900), counted(T0 + 55, 1, 900)))
+    state = run(served(T0 - 10), T0, Generation.OK, (counted(T0, 0, 900),)).state
+    later = run(state, T0 + 40, Generation.TIMEOUT, (counted(T0 + 40, 1, 900), counted(T0 + 55, 1, 900)))
     assert later.action is Action.WAIT
     assert later.state.progress.flat_for() == 15
 
@@ -151,7 +151,7 @@ def test_busy_pair_whose_probe_always_times_out_is_never_restarted(per_run):
         assert plan is not None
         tokens += per_run
         second = counted(now + plan, 6, tokens)
-        decision = run(state, now + plan, Probe.TIMEOUT, (first, second))
+        decision = run(state, now + plan, Generation.TIMEOUT, (first, second))
         assert decision.action is Action.NONE, decision.reason
         assert decision.verdict is Verdict.HEALTHY and "busy" in decision.reason
         state = decision.state
@@ -168,14 +168,15 @@ def test_an_idle_pair_whose_running_gauge_stays_up_is_never_restarted_while_its_
         first = counted(now, 3, 900)
         plan = rules.probe_plan(first, rules.track(state.progress, (first,), POLICY), True, POLICY, 120)
         assert plan == POLICY.short_probe_timeout_s
-        decision = run(state, now + 1, Probe.OK, (first,))
+        decision = run(state, now + 1, Generation.OK, (first,))
         assert decision.action is Action.NONE
         state, now = decision.state, now + 1 + INTERVAL
 
 
 def test_a_long_chunked_prefill_moves_the_kv_cache_and_counts_as_progress():
     state = served(T0 - 10)
-    decision = run(state, T0 + 15, Probe.TIMEOUT, (counted(T0, 1, 900, kv=0.20), counted(T0 + 15, 1, 900, kv=0.35)))
+    samples = (counted(T0, 1, 900, kv=0.20), counted(T0 + 15, 1, 900, kv=0.35))
+    decision = run(state, T0 + 15, Generation.TIMEOUT, samples)
     assert decision.verdict is Verdict.HEALTHY
 
 
@@ -186,13 +187,13 @@ def test_idle_pair_whose_probe_times_out_and_metrics_do_not_answer_is_broken_at_
     state = served(T0 - 25)
     samples = (Sample(T0, **UNREACHABLE), Sample(T0 + 15, **UNREACHABLE))
     assert rules.probe_plan(samples[0], None, True, POLICY, 120) == 15  # not 120 s, and not three times
-    decision = run(state, T0 + 15, Probe.TIMEOUT, samples)
+    decision = run(state, T0 + 15, Generation.TIMEOUT, samples)
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
     assert "/metrics does not answer" in decision.reason
 
 
 def test_idle_pair_whose_probe_times_out_with_flat_counters_is_broken_at_once():
-    decision = run(served(T0 - 25), T0 + 15, Probe.TIMEOUT, (counted(T0, 0, 900), counted(T0 + 15, 0, 900)))
+    decision = run(served(T0 - 25), T0 + 15, Generation.TIMEOUT, (counted(T0, 0, 900), counted(T0 + 15, 0, 900)))
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
     assert "idle" in decision.reason and "frozen" in decision.reason
 
@@ -202,13 +203,13 @@ def test_a_young_pair_that_never_served_gets_the_long_probe_and_strikes_for_its_
     state = served(T0 - 5000)  # served before the head's latest start (active for 60 s)
     first = counted(T0, 0, 0)
     assert rules.probe_plan(first, None, rules.warm(state.served_at, 60, T0), POLICY, 120) == 120
-    decision = run(state, T0 + 120, Probe.TIMEOUT, (first, counted(T0 + 120, 0, 0)), age=60)
+    decision = run(state, T0 + 120, Generation.TIMEOUT, (first, counted(T0 + 120, 0, 0)), age=60)
     assert (decision.verdict, decision.action) == (Verdict.SUSPECT, Action.WAIT)
     assert decision.state.timeout_strikes == 1
 
 
 def test_metrics_unreachable_while_the_probe_answers_is_healthy():
-    decision = run(served(T0 - 25), T0 + 1, Probe.OK, (Sample(T0, **UNREACHABLE),))
+    decision = run(served(T0 - 25), T0 + 1, Generation.OK, (Sample(T0, **UNREACHABLE),))
     assert (decision.verdict, decision.action) == (Verdict.HEALTHY, Action.NONE)
     assert decision.state.served_at == T0 + 1
 
@@ -219,7 +220,7 @@ def test_metrics_without_counters_fall_back_to_the_long_probe_and_strikes():
     state = served(T0 - 25)
     actions = []
     for i in range(3):
-        decision = run(state, T0 + 140 * i, Probe.TIMEOUT, (bare,))
+        decision = run(state, T0 + 140 * i, Generation.TIMEOUT, (bare,))
         actions.append(decision.action)
         state = decision.state
     assert actions == [Action.WAIT, Action.WAIT, Action.RESTART]
@@ -278,7 +279,7 @@ class ScriptedPair(pair_io.Pair):
 
 
 def test_one_run_reads_metrics_probes_short_and_reads_metrics_again_after_a_timeout():
-    pair = ScriptedPair([counted(T0, 0, 900), counted(T0 + 15, 0, 900)], Probe.TIMEOUT)
+    pair = ScriptedPair([counted(T0, 0, 900), counted(T0 + 15, 0, 900)], Generation.TIMEOUT)
     import time
 
     obs = pair.observe(120, POLICY, served(time.time() - 1))
@@ -288,14 +289,14 @@ def test_one_run_reads_metrics_probes_short_and_reads_metrics_again_after_a_time
 
 def test_one_run_skips_the_probe_when_the_saved_counters_already_show_a_stall():
     stuck = Progress(T0 - 20, 900.0, 0.1, 4.0, False, T0 - 35)
-    pair = ScriptedPair([counted(T0, 4, 900)], Probe.OK)
+    pair = ScriptedPair([counted(T0, 4, 900)], Generation.OK)
     obs = pair.observe(120, POLICY, GuardState(progress=stuck))
     assert pair.calls == ["metrics"]
     assert rules.decide(obs, GuardState(progress=stuck), POLICY, T0).action is Action.RESTART
 
 
 def test_without_a_policy_a_run_is_the_units_and_the_probe_as_before():
-    pair = ScriptedPair([], Probe.OK)
+    pair = ScriptedPair([], Generation.OK)
     obs = pair.observe(120)
     assert pair.calls == ["probe 120"] and obs.samples == ()
 
@@ -319,7 +320,7 @@ def test_a_head_whose_api_hangs_entirely_is_a_timeout_and_with_metrics_silent_br
     hung = {"error": "no answer within the timeout", "elapsed": 15.0}
     api = rules.Api("http://127.0.0.1:8888", "tiny", 512)
     probe, detail = rules.classify_probe({"models": hung, "generate": hung}, api, 15)
-    assert probe is Probe.TIMEOUT and "/v1/models" in detail
+    assert probe is Generation.TIMEOUT and "/v1/models" in detail
     obs = Observation("active", "active", probe, detail, HEAD_AGE, (Sample(T0, **UNREACHABLE),
                                                                     Sample(T0 + 15, **UNREACHABLE)))
     assert rules.decide(obs, served(T0 - 20), POLICY, T0 + 15).action is Action.RESTART
@@ -329,7 +330,7 @@ def test_a_starting_head_that_refuses_connections_is_still_not_ready():
     refused = {"error": "ConnectionError: Connection refused"}
     api = rules.Api("http://127.0.0.1:8888", "tiny", None)
     probe, _ = rules.classify_probe({"models": refused, "generate": refused}, api, 15)
-    assert probe is Probe.NOT_READY
+    assert probe is Generation.NOT_READY
 
 
 def test_state_command_shows_the_counters_the_guard_compares_with(tmp_path, capsys):

@@ -18,7 +18,7 @@ import pytest
 
 from twinspark import guard_rules as rules
 from twinspark.fabric.links import LinkState
-from twinspark.guard_rules import Action, GuardState, Observation, Policy, Probe, Progress, Sample, Verdict
+from twinspark.guard_rules import Action, Generation, GuardState, Observation, Policy, Progress, Sample, Verdict
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import guard
 from twinspark.pair import io as pair_io
@@ -34,7 +34,7 @@ def idle_timeout(at: float, fabric_down: str | None = IC0_DOWN, **extra) -> Obse
     """An idle serving pair whose short probe timed out and whose counters did not move: what a fabric outage
     looks like to the guard (today broken at once)."""
     flat = Sample(at, running=0.0, tokens=900.0, kv=0.0)
-    return Observation("active", "active", Probe.TIMEOUT, "no token within 15 s", 4000.0, (flat, flat),
+    return Observation("active", "active", Generation.TIMEOUT, "no token within 15 s", 4000.0, (flat, flat),
                        fabric_down=fabric_down, **extra)
 
 
@@ -74,7 +74,7 @@ def test_fabric_down_outranks_a_dead_rank_and_an_unreachable_worker():
 
 
 def test_a_pair_that_serves_is_healthy_whatever_an_interface_says():
-    obs = Observation("active", "active", Probe.OK, "one token", 4000.0, fabric_down=IC0_DOWN)
+    obs = Observation("active", "active", Generation.OK, "one token", 4000.0, fabric_down=IC0_DOWN)
     assert rules.decide(obs, GuardState(), POLICY, T0).action is Action.NONE
 
 
@@ -101,7 +101,7 @@ def replace_since(state: GuardState, since: float) -> GuardState:
 
 
 def test_link_back_and_serving_means_no_restart_and_the_clock_is_cleared():
-    obs = Observation("active", "active", Probe.OK, "one token", 4000.0)
+    obs = Observation("active", "active", Generation.OK, "one token", 4000.0)
     decision = rules.decide(obs, replace_since(GuardState(), T0 - 600), POLICY, T0)
     assert decision.action is Action.NONE
     assert decision.state.fabric_down_since is None and "the fabric is back after 600 s" in decision.reason
@@ -126,7 +126,7 @@ def test_a_long_outage_ends_in_one_restart_after_the_link_is_back_never_during(t
     decision = rules.decide(Observation("inactive", "active"), state, POLICY, at)
     assert decision.action is Action.RESTART and "back after 600 s" in decision.reason
     state = rules.after_restart(decision.state, at, True, decision.reason, POLICY, finished_at=at + 60)
-    after = rules.decide(Observation("active", "active", Probe.OK, "one token", 60.0), state, POLICY, at + 80)
+    after = rules.decide(Observation("active", "active", Generation.OK, "one token", 60.0), state, POLICY, at + 80)
     assert after.action is Action.NONE and len(after.state.attempts) == 1
 
 
@@ -267,7 +267,7 @@ def test_a_run_that_cannot_look_at_an_interface_says_so_and_holds_nothing_back(t
 class ScriptedUnits(pair_io.Pair):
     """The units and the API stood in for (no systemd or vLLM here); the fabric read for real."""
 
-    def __init__(self, class_net: Path, port: int, probe: Probe, worker_answers: dict[str, object]):
+    def __init__(self, class_net: Path, port: int, probe: Generation, worker_answers: dict[str, object]):
         super().__init__(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
                          fabric_ifnames=["ic0"], fabric_peer="127.0.0.1", class_net=class_net, fabric_port=port,
                          fabric_timeout_s=0.5)
@@ -292,14 +292,14 @@ class ScriptedUnits(pair_io.Pair):
 def test_one_run_looks_at_the_fabric_only_when_the_pair_does_not_serve(tmp_path, listener):
     make_netdev(tmp_path, "ic0", "0x1003", "lowerlayerdown", "0")
     answers = {"state-since": "ActiveState=active\nActiveEnterTimestampMonotonic=1000000\nUptime=4001.5\n"}
-    obs = ScriptedUnits(tmp_path, listener, Probe.TIMEOUT, answers).observe(120)
+    obs = ScriptedUnits(tmp_path, listener, Generation.TIMEOUT, answers).observe(120)
     assert obs.fabric_down == IC0_DOWN and obs.worker_active_for_s == pytest.approx(4000.5)
-    assert ScriptedUnits(tmp_path, listener, Probe.OK, answers).observe(120).fabric_down is None
+    assert ScriptedUnits(tmp_path, listener, Generation.OK, answers).observe(120).fabric_down is None
 
 
 def test_an_older_worker_that_refuses_state_since_is_asked_state(tmp_path, listener):
     refused = RuntimeError("worker 127.0.0.1: `state-since` failed (exit 2): twinspark-peer-control: refused")
-    pair = ScriptedUnits(tmp_path, listener, Probe.OK, {"state-since": refused, "state": "active"})
+    pair = ScriptedUnits(tmp_path, listener, Generation.OK, {"state-since": refused, "state": "active"})
     obs = pair.observe(120)
     assert pair.asked == ["state-since", "state"]
     assert (obs.worker_state, obs.worker_active_for_s) == ("active", None)
@@ -309,7 +309,7 @@ def test_an_older_worker_that_refuses_state_since_is_asked_state(tmp_path, liste
 
 
 def test_a_head_restarted_alone_is_a_half_pair_at_once():
-    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=40.0,
+    obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=40.0,
                       worker_active_for_s=3640.0)
     decision = rules.decide(obs, GuardState(), POLICY, T0)
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
@@ -318,13 +318,13 @@ def test_a_head_restarted_alone_is_a_half_pair_at_once():
 
 
 def test_an_ordered_start_starts_the_head_seconds_after_the_worker_and_is_still_starting():
-    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=40.0,
+    obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=40.0,
                       worker_active_for_s=43.0)
     assert rules.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
 
 
 def test_an_older_worker_that_does_not_say_its_age_leaves_the_old_rule():
-    obs = Observation("active", "active", Probe.NOT_READY, "connection refused", head_active_for_s=40.0)
+    obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=40.0)
     assert rules.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark.guard_rules import Probe
+from twinspark.guard_rules import Generation
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import io as pair_io
 from twinspark.pair import lifecycle as pl
@@ -104,7 +104,7 @@ class Head:
         return ""
 
     def probe(self, timeout_s):
-        return Probe.OK, "one token"
+        return Generation.OK, "one token"
 
 
 @pytest.fixture

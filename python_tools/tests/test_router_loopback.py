@@ -9,15 +9,15 @@ from __future__ import annotations
 import pytest
 
 from devtools import routerdrill
-from twinspark import routerprobe
+from twinspark import routerclient
 
 PYTHON = routerdrill.router_python()
 pytestmark = pytest.mark.skipif(
     PYTHON is None, reason="vllm-router 0.1.17 is not installed here (make setup installs it; or set "
                            "TWINSPARK_ROUTER_PYTHON to an interpreter that has it)")
 
-PATHS = routerprobe.ROUTER_PATHS
-BODIES = routerprobe.ROUTER_BODIES
+PATHS = routerclient.ROUTER_PATHS
+BODIES = routerclient.ROUTER_BODIES
 
 
 @pytest.fixture(scope="module")
@@ -27,28 +27,28 @@ def drill():
 
 
 def test_a_chat_through_the_router_answers(drill):
-    status, text = routerprobe.chat_once(drill.base, routerdrill.KEY)
+    status, text = routerclient.chat_once(drill.base, routerdrill.KEY)
     assert status == 200
     assert text.startswith("hello from ")
 
 
 def test_both_pairs_take_traffic(drill):
-    outcomes = routerprobe.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    outcomes = routerclient.client_loop(drill.base, routerdrill.KEY, 40, 2)
     answers = {o.answer for o in outcomes}
-    assert routerprobe.summarise(outcomes)["failed"] == 0
+    assert routerclient.summarise(outcomes)["failed"] == 0
     assert answers == {"hello from a", "hello from b"}
 
 
 @pytest.mark.parametrize(("method", "path"), PATHS)
 @pytest.mark.parametrize("key", [None, "wrong-key"], ids=["no-key", "wrong-key"])
 def test_a_request_without_the_key_is_refused_on_every_path(drill, method, path, key):
-    status, _ = routerprobe.request(drill.base, path, key, method, body=BODIES.get(path.split("?")[0]))
+    status, _ = routerclient.request(drill.base, path, key, method, body=BODIES.get(path.split("?")[0]))
     assert status == 401
 
 
 def test_the_removed_worker_is_still_listed_after_refused_admin_calls(drill):
     # the refused /remove_worker above must not have taken anything out
-    status, text = routerprobe.request(drill.base, "/list_workers", routerdrill.KEY)
+    status, text = routerclient.request(drill.base, "/list_workers", routerdrill.KEY)
     assert status == 200
     assert drill.url("a") in text and drill.url("b") in text
 
@@ -82,7 +82,7 @@ def test_tokenize_through_the_router_reaches_the_pair_with_the_key_only_with_a_w
     key_file = tmp_path / "router.key"
     key_file.write_text(routerdrill.KEY + "\n")
     with routerdrill.Drill(PYTHON, delay_s=0.0, worker_key_file=key_file if worker_key else None) as running:
-        status, body = routerprobe.request(running.base, "/tokenize", routerdrill.KEY, method="POST", timeout_s=10,
+        status, body = routerclient.request(running.base, "/tokenize", routerdrill.KEY, method="POST", timeout_s=10,
                                            body={"model": "tiny", "prompt": "one two three"})
     if worker_key:
         assert status == 200, body
@@ -108,9 +108,9 @@ def test_a_router_started_with_every_pair_down_exits_and_one_pair_up_is_enough()
         drill.start_router(wait=False)
         assert drill.router.wait(timeout=60) == 1
         waited = time.monotonic() - started
-        assert routerprobe.request(drill.base, "/liveness", routerdrill.KEY, timeout_s=1)[0] is None
+        assert routerclient.request(drill.base, "/liveness", routerdrill.KEY, timeout_s=1)[0] is None
         drill.start_backend("b")
         drill.start_router()
-        status, text = routerprobe.chat_once(drill.base, routerdrill.KEY)
+        status, text = routerclient.chat_once(drill.base, routerdrill.KEY)
         print(f"every pair down: the router exited 1 after {waited:.1f} s; with pair b up it serves")
         assert status == 200 and "hello from b" in text

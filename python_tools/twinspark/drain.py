@@ -32,7 +32,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from twinspark import routerprobe, validate
+from twinspark import routerclient, validate
 
 ROUTER_URL_ENV = "TWINSPARK_ROUTER_URL"
 PAIR_URL_ENV = "TWINSPARK_ROUTER_PAIR_URL"
@@ -146,14 +146,14 @@ class Router:
 
     def _http(self, method: str) -> Post:
         def send(path: str, timeout_s: float) -> tuple[int | None, str]:
-            return routerprobe.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
+            return routerclient.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
 
         return send
 
     def listed(self) -> tuple[tuple[str, ...] | None, str]:
         """The router's worker URLs (None when it cannot be read), and a line saying why not."""
         status, body = self._get("/list_workers", ADMIN_TIMEOUT_S)
-        urls = routerprobe.listed_from_answer(status, body)
+        urls = routerclient.listed_from_answer(status, body)
         if urls is not None:
             return urls, ""
         text = " ".join(body.split())[:160]

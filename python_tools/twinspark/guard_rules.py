@@ -34,7 +34,7 @@ TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class Probe(StrEnum):
+class Generation(StrEnum):
     """The result of asking the head's API for one generated token."""
 
     OK = "ok"  # /v1/models lists the served model and one token came back
@@ -115,7 +115,7 @@ class Observation:
 
     head_state: str  # ActiveState of the head's twinspark-vllm.service
     worker_state: str | None  # the worker's, or None when the worker could not be reached over SSH
-    probe: Probe = Probe.SKIPPED
+    probe: Generation = Generation.SKIPPED
     probe_detail: str = ""
     head_active_for_s: float | None = None  # how long the head's unit has been active
     samples: tuple[Sample, ...] = ()  # /metrics before (and after a timed-out probe), oldest first
@@ -260,7 +260,7 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
     Without `progress` it is tracked from this run's samples alone."""
     if progress is None:
         progress = track(None, obs.samples, policy)
-    if obs.fabric_down and obs.probe is not Probe.OK:
+    if obs.fabric_down and obs.probe is not Generation.OK:
         return Verdict.FABRIC_DOWN, f"the fabric is down: {obs.fabric_down}"
     if obs.worker_state is None:
         return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
@@ -271,28 +271,29 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
                                                             ("worker", obs.worker_state)) if state != "active"]
     if down:
         return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
-    if obs.probe is Probe.OK:
+    if obs.probe is Generation.OK:
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
     late = head_started_late_s(obs, policy)
     if late is not None:
         return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after the worker's rank and does not serve "
                                 f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
                                 "alone, e.g. by systemd with its firewall unit); ordered restart")
-    if obs.probe in (Probe.TIMEOUT, Probe.SKIPPED) and progress is not None:
+    if obs.probe in (Generation.TIMEOUT, Generation.SKIPPED) and progress is not None:
         if stalled(progress, policy):
             return Verdict.BROKEN, (f"stalled: {_counters(progress)} and unchanged for {progress.flat_for():.0f} s "
                                     f"(window {policy.stall_window_s:.0f} s): no token is coming out")
         if progress.moved:
-            waited = f"the one-token probe timed out ({obs.probe_detail}) but " if obs.probe is Probe.TIMEOUT else ""
+            timed_out = obs.probe is Generation.TIMEOUT
+            waited = f"the one-token probe timed out ({obs.probe_detail}) but " if timed_out else ""
             return Verdict.HEALTHY, f"busy: {waited}tokens are flowing ({_counters(progress)})"
-    if obs.probe is Probe.NOT_READY:
+    if obs.probe is Generation.NOT_READY:
         age = obs.head_active_for_s
         if age is None or age < policy.startup_grace_s:
             shown = "" if age is None else f" for {age:.0f} s"
             return Verdict.STARTING, f"both ranks active, the head{shown} not ready yet ({obs.probe_detail})"
         return Verdict.BROKEN, (f"the head has been active for {age:.0f} s and is still not ready "
                                 f"({obs.probe_detail}): a rank is stuck in the rendezvous")
-    if obs.probe is Probe.TIMEOUT:
+    if obs.probe is Generation.TIMEOUT:
         latest = obs.samples[-1] if obs.samples else None
         if is_warm and latest is not None and latest.unreachable:
             return Verdict.BROKEN, (f"one-token generation timed out ({obs.probe_detail}) and /metrics does not "
@@ -306,7 +307,7 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
                                      f"unchanged for {progress.flat_for():.0f} s of the {policy.stall_window_s:.0f} s "
                                      "stall window")
         return Verdict.SUSPECT, f"one-token generation timed out ({obs.probe_detail})"
-    if obs.probe is Probe.ERROR:
+    if obs.probe is Generation.ERROR:
         return Verdict.BROKEN, f"one-token generation failed ({obs.probe_detail})"
     return Verdict.STARTING, "both ranks active, not probed"
 
@@ -314,11 +315,11 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
 def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> Decision:
     """What to do about the pair, given what was seen and what the guard did before."""
     progress = track(state.progress, obs.samples, policy)
-    if obs.probe is Probe.OK and progress is not None:
+    if obs.probe is Generation.OK and progress is not None:
         # A token came back: whatever the gauges say, the engine works; a flat stretch starts again from here.
         progress = replace(progress, flat_since=None)
     verdict, reason = assess(obs, policy, progress, warm(state.served_at, obs.head_active_for_s, now))
-    served = obs.probe is Probe.OK or bool(progress is not None and progress.moved)
+    served = obs.probe is Generation.OK or bool(progress is not None and progress.moved)
     state = replace(state, progress=progress, served_at=now if served else state.served_at)
     fabric_waited = 0.0
     if verdict is Verdict.FABRIC_DOWN:
@@ -400,7 +401,7 @@ def after_restart(state: GuardState, started_at: float, ok: bool, reason: str, p
 Api = head_api.Api
 
 
-def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeout_s: float) -> tuple[Probe, str]:
+def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeout_s: float) -> tuple[Generation, str]:
     """The health tools' answers from the head's API (`gather_pair`) -> what the guard makes of them.
 
     Judged with the health checks themselves (twinspark.health.checks): the model not listed means not ready; a
@@ -412,15 +413,15 @@ def classify_probe(results: Mapping[str, Mapping[str, object]], api: Api, timeou
     listed = checks.check_models(models, api.served_name, api.max_model_len)
     if listed.status == checks.FAILED:
         if "within the timeout" in str(models.get("error") or ""):
-            return Probe.TIMEOUT, listed.message
-        return Probe.NOT_READY, listed.message
+            return Generation.TIMEOUT, listed.message
+        return Generation.NOT_READY, listed.message
     generated = results.get("generate") or {}
     live = checks.check_liveness(generated, timeout_s)
     if live.status == checks.OK:
-        return Probe.OK, live.message
+        return Generation.OK, live.message
     if "within the timeout" in str(generated.get("error") or ""):
-        return Probe.TIMEOUT, live.message
-    return Probe.ERROR, live.message
+        return Generation.TIMEOUT, live.message
+    return Generation.ERROR, live.message
 
 
 # ---------------------------------------------------------------------------------------------------------------

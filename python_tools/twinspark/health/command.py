@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from twinspark import api, netguard, routerprobe
+from twinspark import api, netguard, routerclient
 from twinspark.health import checks, fleetreport, gather, remote, report
 from twinspark.health.checks import CheckResult
 from twinspark.inventory import InventoryError, default_inventory, read_fleet, read_inventory
@@ -204,13 +204,13 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     netguard.check([view.router_url])
     ask = list_workers or _list_workers
     status, body = ask(view.router_url, key, timeout)
-    listed = routerprobe.listed_from_answer(status, body)
+    listed = routerclient.listed_from_answer(status, body)
     router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
     return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)
 
 
 def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
-    return routerprobe.request(url, "/list_workers", key, timeout_s=timeout)
+    return routerclient.request(url, "/list_workers", key, timeout_s=timeout)
 
 
 def answer_fleet(sweep: Callable[[], tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]],

@@ -16,9 +16,9 @@ from pathlib import Path
 from twinspark import api as head_api
 from twinspark import drain, envfile, layout
 from twinspark.guard_rules import (
+    Generation,
     GuardState,
     Policy,
-    Probe,
     Verdict,
     _counters,
     assess,
@@ -198,7 +198,7 @@ def cmd_rejoin(args: argparse.Namespace) -> int:
         return 0
     state = guard.load_state(Path(args.state_file))
     probe, detail = pair.probe(args.probe_timeout)
-    reason = drain.stay_out_reason(probe is Probe.OK, state.gave_up_at is not None, stopping=False)
+    reason = drain.stay_out_reason(probe is Generation.OK, state.gave_up_at is not None, stopping=False)
     if reason is not None:
         log(3, f"pair rejoin: the pair stays out of router {pair.router.ref.url}: {reason} ({detail or probe.value}); "
                "`twinspark pair restart` first")

@@ -47,9 +47,9 @@ from pathlib import Path
 from twinspark import atomic, drain, firewall, layout
 from twinspark.guard_rules import (
     Action,
+    Generation,
     GuardState,
     Policy,
-    Probe,
     Verdict,
     after_restart,
     decide,
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
                    f"worker {worker or 'unreachable'})")
     firewall_missing(log)
     obs = pair.observe(args.probe_timeout, policy, state)
-    if obs.probe is not Probe.OK:
+    if obs.probe is not Generation.OK:
         obs = replace(obs, cannot_restart=restart_blocker(pair))
     now = time.time()
     decision = decide(obs, state, policy, now)

@@ -23,10 +23,10 @@ from twinspark.guard_rules import (
     FABRIC_PROBE_PORT,
     UNIT,
     Api,
+    Generation,
     GuardState,
     Observation,
     Policy,
-    Probe,
     Sample,
     active_for_s,
     classify_probe,
@@ -144,7 +144,7 @@ class Pair:
         return out.stdout if out.returncode == 0 else ""
 
     # -- the API --
-    def probe(self, timeout_s: float) -> tuple[Probe, str]:
+    def probe(self, timeout_s: float) -> tuple[Generation, str]:
         """Ask the head's API the health tools' questions (twinspark.health.gather) and classify the answers."""
         results = head_api.gather(self.api.url, self.api.served_name, self.api.api_key, timeout_s, ca=self.api.ca)
         return classify_probe(results, self.api, timeout_s)
@@ -165,7 +165,7 @@ class Pair:
         head_state = props.get("ActiveState") or "unknown"
         worker_state, worker_for = self.worker_status()
         active_for = active_for_s(props, time.monotonic())
-        probe, detail = Probe.SKIPPED, ""
+        probe, detail = Generation.SKIPPED, ""
         samples: list[Sample] = []
         if head_state == "active" and worker_state == "active":
             timeout: float | None = probe_timeout_s
@@ -177,10 +177,10 @@ class Pair:
                                      probe_timeout_s)
             if timeout is not None:
                 probe, detail = self.probe(timeout)
-                if probe is Probe.TIMEOUT and policy is not None:
+                if probe is Generation.TIMEOUT and policy is not None:
                     samples.append(self.sample(policy.metrics_timeout_s))
         # Only a pair that does not serve needs the look (and the worker's sshd sees no connect from a healthy one).
-        fabric = self.fabric() if probe is not Probe.OK else None
+        fabric = self.fabric() if probe is not Generation.OK else None
         return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples),
                            worker_active_for_s=worker_for, fabric_down=fabric)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from twinspark import atomic, drain, layout, safeio
 from twinspark import plan as planner
-from twinspark.guard_rules import Probe
+from twinspark.guard_rules import Generation
 from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
@@ -582,7 +582,7 @@ def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, pol
                            "both nodes")
         probe, detail = pair.probe(probe_timeout_s)
         waited = clock() - started
-        if probe is Probe.OK:
+        if probe is Generation.OK:
             return True, f"serving again {waited:.0f} s after the head started ({detail})"
         if clock() >= deadline:
             return False, f"not serving {ready_timeout_s:.0f} s after the head started ({detail})"

@@ -1,4 +1,4 @@
-"""The pure parts of twinspark.routerprobe and twinspark.routerlaunch (no router needed)."""
+"""The pure parts of twinspark.routerclient and twinspark.routerlaunch (no router needed)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import routerlaunch, routerprobe
+from twinspark import routerclient, routerlaunch
 
 RECORDED_METRICS = """\
 # TYPE vllm_router_worker_health gauge
@@ -19,15 +19,15 @@ vllm_router_cb_state{worker="http://127.0.0.1:39155"} 0
 
 
 def test_worker_health_reads_the_routers_gauge():
-    assert routerprobe.worker_health(RECORDED_METRICS) == {
+    assert routerclient.worker_health(RECORDED_METRICS) == {
         "http://127.0.0.1:41933": True, "http://127.0.0.1:39155": False}
-    assert routerprobe.worker_health("") == {}
+    assert routerclient.worker_health("") == {}
 
 
 def test_summarise_counts_every_non_200_as_failed():
-    rows = [routerprobe.Outcome(2, 0, 1, None, "ConnectionRefusedError"),
-            routerprobe.Outcome(0, 0, 1, 200, "hi"), routerprobe.Outcome(1, 0, 1, 500, "x")]
-    figures = routerprobe.summarise(rows)
+    rows = [routerclient.Outcome(2, 0, 1, None, "ConnectionRefusedError"),
+            routerclient.Outcome(0, 0, 1, 200, "hi"), routerclient.Outcome(1, 0, 1, 500, "x")]
+    figures = routerclient.summarise(rows)
     assert figures["total"] == 3 and figures["ok"] == 1 and figures["failed"] == 2
     assert figures["failed_indices"] == [1, 2]
     assert figures["statuses"] == {"200": 1, "500": 1, "None": 1}
@@ -35,9 +35,9 @@ def test_summarise_counts_every_non_200_as_failed():
 
 def test_first_time_finds_the_first_matching_verdict_after_a_mark():
     samples = [(1.0, True), (2.0, False), (3.0, True), (4.0, False)]
-    assert routerprobe.first_time(samples, False, 2.5) == 4.0
-    assert routerprobe.first_time(samples, True, 0) == 1.0
-    assert routerprobe.first_time(samples, True, 5) is None
+    assert routerclient.first_time(samples, False, 2.5) == 4.0
+    assert routerclient.first_time(samples, True, 0) == 1.0
+    assert routerclient.first_time(samples, True, 5) is None
 
 
 @pytest.mark.parametrize(("header", "allowed"), [
@@ -67,6 +67,6 @@ def test_serve_refuses_to_start_without_a_key_check_url(capsys):
 def test_processed_reads_one_workers_counter_and_zero_for_an_unknown_one():
     text = ('vllm_router_processed_requests_total{worker="http://10.0.0.1:8888"} 12\n'
             'vllm_router_processed_requests_total{worker="http://10.0.0.3:8888"} 7\n')
-    assert routerprobe.processed(text, "http://10.0.0.3:8888") == 7.0
-    assert routerprobe.processed(text, "http://10.0.0.1:8888") == 12.0
-    assert routerprobe.processed(text, "http://10.0.0.9:8888") == 0.0
+    assert routerclient.processed(text, "http://10.0.0.3:8888") == 7.0
+    assert routerclient.processed(text, "http://10.0.0.1:8888") == 12.0
+    assert routerclient.processed(text, "http://10.0.0.9:8888") == 0.0
