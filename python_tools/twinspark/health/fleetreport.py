@@ -84,8 +84,9 @@ def router_verdict(router: RouterSeen, pairs: Sequence[PairSeen], others: Sequen
         if strangers:
             parts.append(f"lists what is no pair here: {', '.join(strangers)}")
         return RouterVerdict(DEGRADED, f"{message}; {'; '.join(parts)}",
-                             "twinspark pair rejoin on the head of each pair out (after the pair serves); a URL that "
-                             "is no pair: check twinspark_router_pairs and rerun playbooks/router.yml")
+                             "a serving pair's guard puts it back on its next run (its timer, every 20 s); "
+                             "`twinspark pair rejoin` on its head does it now, and says why not; a URL that is no "
+                             "pair: check twinspark_router_pairs and rerun playbooks/router.yml")
     return RouterVerdict(OK, message)
 
 
