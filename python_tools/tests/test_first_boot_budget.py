@@ -169,7 +169,7 @@ def _render(tmp_path: Path, inventory: str, first_boot: int) -> Path:
     return out
 
 
-@pytest.mark.slow(24)
+@pytest.mark.slow(6)
 @pytest.mark.parametrize(("profile", "inventory", "first_boot"),
                          [("cpu", "sim", ODD_BUDGET), ("gb10", "example", ODD_BUDGET)])
 def test_the_rendered_units_carry_the_derived_timers(tmp_path, profile, inventory, first_boot):

@@ -221,7 +221,7 @@ def _controller_cli(tmp_path: Path, overrides: dict[str, str]) -> str:
     return inventory.read_inventory(_inventory_copy(tmp_path / "controller", overrides)).head.twinspark
 
 
-@pytest.mark.slow(26)
+@pytest.mark.slow(8)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 def test_overriding_the_venv_once_moves_roles_playbooks_and_tools(tmp_path):
     rendered = _render(tmp_path, {"twinspark_layout_venv": OVERRIDE_VENV})
@@ -239,7 +239,7 @@ def test_overriding_the_venv_once_moves_roles_playbooks_and_tools(tmp_path):
     assert layout.load(_write(tmp_path, {"venv": OVERRIDE_VENV})).python == f"{OVERRIDE_VENV}/bin/python"
 
 
-@pytest.mark.slow(26)
+@pytest.mark.slow(7)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
 def test_overriding_the_rank_unit_once_moves_roles_playbooks_and_tools(tmp_path):
     rendered = _render(tmp_path, {"twinspark_layout_unit_vllm": OVERRIDE_UNIT})
@@ -253,7 +253,7 @@ def test_overriding_the_rank_unit_once_moves_roles_playbooks_and_tools(tmp_path)
     assert tools["journal"] == "journalctl -u other-rank -n 120"
 
 
-@pytest.mark.slow(6)
+@pytest.mark.slow(4)
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists() or os.geteuid() != 0,
                     reason="the handler sets owner root: needs ansible-playbook and root")
 def test_overriding_the_restart_flag_once_moves_the_handler_the_check_and_tools(tmp_path):

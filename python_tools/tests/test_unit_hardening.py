@@ -48,7 +48,7 @@ def _unit(rendered, profile: str, rank: int, name: str) -> str:
     return (where / hosts[rank] / name).read_text()
 
 
-@pytest.mark.slow(25)
+@pytest.mark.slow(7)
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])
 def test_every_unit_is_within_its_exposure_ceiling(rendered, profile):
