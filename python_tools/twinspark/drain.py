@@ -189,6 +189,15 @@ def wait_idle(read_metrics: Callable[[], Mapping[str, object]], timeout_s: float
         sleep(min(poll_s, max(timeout_s - waited, 0.01)))
 
 
+def _pair_listed(router: Router, log: Callable[[int, str], None], priority: int) -> bool | None:
+    """Whether the router lists this pair; None (said at `priority`) when its list cannot be read."""
+    listed, line = router.listed()
+    if listed is None:
+        log(priority, f"drain: {line}")
+        return None
+    return router.ref.pair_url.rstrip("/") in {url.rstrip("/") for url in listed}
+
+
 def keep_out(router: Router | None, log: Callable[[int, str], None]) -> bool | None:
     """Make sure the router does not list a pair that must stay out (one the guard gave up on); True when it did
     and was told to drop it, False when it did not list it, None when the router could not be asked.
@@ -200,11 +209,10 @@ def keep_out(router: Router | None, log: Callable[[int, str], None]) -> bool | N
     pair is on it."""
     if router is None:
         return None
-    listed, line = router.listed()
+    listed = _pair_listed(router, log, 4)
     if listed is None:
-        log(4, f"drain: {line}")
         return None
-    if router.ref.pair_url.rstrip("/") not in {url.rstrip("/") for url in listed}:
+    if not listed:
         log(7, f"drain: the pair stays out of router {router.ref.url} (not in its list)")
         return False
     out, line = router.call("remove")
@@ -226,11 +234,10 @@ def keep_in(router: Router | None, log: Callable[[int, str], None]) -> bool | No
     reached is said at info priority: the fleet's health reports the router itself."""
     if router is None:
         return None
-    listed, line = router.listed()
+    listed = _pair_listed(router, log, 6)
     if listed is None:
-        log(6, f"drain: {line}")
         return None
-    if router.ref.pair_url.rstrip("/") in {url.rstrip("/") for url in listed}:
+    if listed:
         return False
     back, line = router.call("add")
     if not back:
