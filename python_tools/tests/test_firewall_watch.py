@@ -85,6 +85,9 @@ def test_a_table_that_will_not_load_is_reported_missing_with_nfts_reason():
     state = firewall.step(firewall.State("inet twinspark", True, 0, 2), TABLE_FILE, nft, clock, said.append)
     assert state.present is False and state.reapplied == 0 and state.missing_since == 1000.0
     assert "syntax error" in said[0] and "unfiltered" in said[0]
+    firewall.step(state, TABLE_FILE, nft, clock, said.append)
+    assert len(said) == 1, "the same complaint is said once, not every interval"
+    assert nft.calls[-1][1] == "-f", "but the load is tried again every interval"
     clock.at += 30
     code, line = firewall.judge(json.loads(state.to_json()) | {"checked_at": clock.at}, clock.at)
     assert code == 2

@@ -107,9 +107,10 @@ def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time
         state.missing_since = state.checked_at
     problem = load(run, file)
     if problem:
+        if state.error != problem:  # once per new complaint, not every interval while it lasts
+            say(f"firewall watch: table {state.table} is missing and {file} did not load: {problem}; the API and "
+                f"the rendezvous ports are unfiltered until it does")
         state.present, state.error = False, problem
-        say(f"firewall watch: table {state.table} is missing and {file} did not load: {problem}; the API and the "
-            f"rendezvous ports are unfiltered until it does")
         return state
     present_now, _ = look(run)
     state.reapplied += 1
