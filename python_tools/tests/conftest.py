@@ -12,6 +12,8 @@ with them. `make test` runs every test; `pytest -m "not slow"` leaves the marked
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -41,3 +43,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     first_seen = {name: index for index, name in enumerate(dict.fromkeys(_file(item) for item in items))}
     # Stable: the tests of a file keep their order, and unmarked files keep theirs after the marked ones.
     items.sort(key=lambda item: (-weight[_file(item)], first_seen[_file(item)]))
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test ends with the process environment it started with.
+
+    Some commands under test set os.environ in-process before they exec or import vLLM (`twinspark runtime check`
+    puts the rank's whole environment there). With xdist's one-file-per-worker order, a later file on the same
+    worker then read those values: `serve --environ` refused a cpu env file because a gb10 NCCL_IB_HCA was left
+    over from an earlier test. Restoring here keeps a test's result independent of which file ran before it."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
