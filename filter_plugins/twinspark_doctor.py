@@ -38,10 +38,12 @@ def _facts(text, host):
     return facts
 
 
-def twinspark_doctor_collect_cmd(node_env, venv, state_dir, unit, record):
+def twinspark_doctor_collect_cmd(node_env, venv, state_dir, unit, record, files=()):
     """The script module's `cmd`: the collector (this checkout's file) and the options a node with this env and
-    layout is looked at with (rules.collector_options), each quoted for the node's shell."""
-    options = rules.collector_options(_settings(node_env), str(venv), str(state_dir), str(unit), str(record))
+    layout is looked at with (rules.collector_options), each quoted for the node's shell; `files`: managed files
+    to read as twinspark_probe would (the preflight's layout file)."""
+    options = rules.collector_options(_settings(node_env), str(venv), str(state_dir), str(unit), str(record),
+                                      [str(path) for path in files])
     return " ".join(shlex.quote(word) for word in [collect.__file__, *rules.collector_argv(options)])
 
 

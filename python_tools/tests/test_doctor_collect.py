@@ -138,3 +138,45 @@ def test_facts_a_fresh_node_cannot_know_say_why(tmp_path):
         assert "unavailable" in facts[name], name
     assert "drivers play" in facts["driver_version"]["unavailable"]
     assert "runtime play" in facts["nccl"]["unavailable"]
+
+
+def test_a_managed_file_is_read_as_the_probe_reads_it_so_the_same_gate_decides(tmp_path):
+    """playbooks/layout.yml gates its write of the node's layout file on the collector's read, with the same filter
+    as a twinspark_probe read: the content a copy would write is converged, a drifted byte or mode is not."""
+    from twinspark import converged
+
+    layout = tmp_path / "etc" / "layout.json"
+    content = '{"pair_id": "pair1"}\n'
+    _write(layout, content.rstrip("\n"))
+    layout.chmod(0o644)
+    sha1 = __import__("hashlib").sha1(content.encode()).hexdigest()
+    read = {"paths": collect.collect(files=[str(layout)])["files"]}
+    me = os.getuid()
+    assert read["paths"][str(layout)]["parent_isdir"] is True
+    assert converged.probe_file_converged(read, str(layout), sha1, "0644", str(me), None)
+
+    layout.write_text("{not json", encoding="utf-8")
+    drifted = {"paths": collect.collect(files=[str(layout)])["files"]}
+    assert not converged.probe_file_converged(drifted, str(layout), sha1, "0644", str(me), None)
+
+    layout.write_text(content, encoding="utf-8")
+    layout.chmod(0o600)
+    moded = {"paths": collect.collect(files=[str(layout)])["files"]}
+    assert not converged.probe_file_converged(moded, str(layout), sha1, "0644", str(me), None)
+
+    layout.unlink()
+    layout.symlink_to(tmp_path / "elsewhere.json")
+    linked = collect.collect(files=[str(layout)])["files"][str(layout)]
+    assert linked["islnk"] and "checksum" not in linked
+
+    missing = collect.collect(files=[str(tmp_path / "no-dir" / "layout.json")])["files"]
+    assert missing[str(tmp_path / "no-dir" / "layout.json")] == {"exists": False, "parent_isdir": False}
+
+
+def test_the_preflight_asks_the_collector_for_its_managed_files():
+    options = rules.collector_options({"TWINSPARK_PROFILE": "cpu"}, "/v", "/s", "u.service", "/r", ["/etc/x/l.json"])
+    argv = rules.collector_argv(options)
+    assert argv[argv.index("--file") + 1] == "/etc/x/l.json"
+    parsed = collect.argparse.ArgumentParser()
+    collect.add_arguments(parsed)
+    assert parsed.parse_args(argv).files == ["/etc/x/l.json"]

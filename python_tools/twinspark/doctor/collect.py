@@ -13,6 +13,7 @@ Every path is built from a root (`--sys`, `--proc`, `--etc`, default /sys, /proc
 the tests run it against fake trees; nothing here trusts a name it did not list itself.
 
 Run as a script: python3 collect.py [--nccl-so PATH] [--venv DIR] [--path LABEL=DIR]... [--unit NAME] [--record FILE]
+                               [--file FILE]...
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import argparse
 import ctypes
 import ctypes.util
 import glob
+import grp
+import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -446,13 +450,44 @@ def clock() -> dict:
     return (_chrony_clock(chronyc) if chronyc else None) or _kernel_clock()
 
 
+# ----------------------------------------------------------------------------------------------------- files
+
+
+def _owner_name(lookup, number: int) -> str | None:
+    try:
+        return lookup(number)[0]
+    except KeyError:
+        return None
+
+
+def file_state(path: str) -> dict:
+    """A managed file as a twinspark_probe read reports it (lstat: a link is never followed; the sha1 copy and
+    template compare), so the playbook that writes it can gate on this read with the same filter
+    (twinspark_probe_file) and a converged run costs no round trip. Only for small files the project writes."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return {"exists": False, "parent_isdir": os.path.isdir(os.path.dirname(path))}
+    entry = {"exists": True, "isreg": stat.S_ISREG(st.st_mode), "isdir": stat.S_ISDIR(st.st_mode),
+             "islnk": stat.S_ISLNK(st.st_mode), "mode": f"{stat.S_IMODE(st.st_mode):04o}", "uid": st.st_uid,
+             "gid": st.st_gid, "pw_name": _owner_name(pwd.getpwuid, st.st_uid),
+             "gr_name": _owner_name(grp.getgrgid, st.st_gid), "parent_isdir": True}
+    if entry["isreg"] and st.st_size <= MAX_ATTRIBUTE_BYTES:
+        try:
+            with open(path, "rb") as handle:
+                entry["checksum"] = hashlib.sha1(handle.read()).hexdigest()
+        except OSError:
+            pass
+    return entry
+
+
 # ----------------------------------------------------------------------------------------------------- all of it
 
 
 def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | None = None, unit: str = "",
             record: str = "", sys_root: str = "/sys", proc: str = "/proc", etc: str = "/etc",
             dpkg_status: str = "/var/lib/dpkg/status", addresses: dict[str, list[str]] | None = None,
-            clock_reader=clock) -> dict:
+            clock_reader=clock, files: list[str] | None = None) -> dict:
     """Every fact, as one JSON-ready dict (docs/DOCTOR.md lists them). `addresses` and `clock_reader` stand in for
     the kernel's in tests."""
     memory = meminfo(proc)
@@ -480,6 +515,7 @@ def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | 
         "rdma": rdma(sys_root),
         "clock": clock_reader(),
         "bandwidth_record": json_record(record),
+        "files": {path: file_state(path) for path in files or []},
     }
 
 
@@ -498,13 +534,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a directory whose filesystem's free space to report (repeatable)")
     parser.add_argument("--unit", default=None, metavar="NAME", help="the rank's unit (serving or not)")
     parser.add_argument("--record", default=None, metavar="FILE", help="the last fabric measurement's record")
+    parser.add_argument("--file", action="append", default=[], dest="files", metavar="FILE",
+                        help="a managed file to report as a twinspark_probe read would (repeatable)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="collect.py", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    facts = collect(args.nccl_so, args.venv or "", dict(args.path), args.unit or "", args.record or "")
+    facts = collect(args.nccl_so, args.venv or "", dict(args.path), args.unit or "", args.record or "",
+                    files=args.files)
     print(json.dumps(facts, indent=1, sort_keys=True))
     return 0
 

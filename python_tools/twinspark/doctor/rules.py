@@ -106,14 +106,14 @@ class Report:
                 "later": [asdict(item) for item in self.later]}
 
 
-def collector_options(env: Mapping[str, str], venv: str, state_dir: str, unit: str, record: str
-                      ) -> dict[str, object]:
+def collector_options(env: Mapping[str, str], venv: str, state_dir: str, unit: str, record: str,
+                      files: Sequence[str] = ()) -> dict[str, object]:
     """What the collector is asked to look at on a node with these settings and this layout: the NCCL library
     (gb10), the runtime venv, the model's and the state's filesystems, the rank's unit, the last fabric
     measurement. The preflight (filter twinspark_doctor_collect_cmd) and `twinspark doctor` ask the same."""
     model = env.get("MODEL", "")
     return {"nccl_so": env.get("VLLM_NCCL_SO_PATH", "") if env.get("TWINSPARK_PROFILE") == "gb10" else None,
-            "venv": venv, "unit": unit, "record": record,
+            "venv": venv, "unit": unit, "record": record, "files": [str(path) for path in files],
             "paths": {"model": model if model.startswith("/") else env.get("HF_HOME", state_dir), "state": state_dir}}
 
 
@@ -124,6 +124,8 @@ def collector_argv(options: Mapping[str, object]) -> list[str]:
         argv += ["--nccl-so", str(options["nccl_so"])]
     for label, path in dict(options.get("paths") or {}).items():
         argv += ["--path", f"{label}={path}"]
+    for path in options.get("files") or []:
+        argv += ["--file", str(path)]
     return argv
 
 
