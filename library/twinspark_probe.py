@@ -16,7 +16,14 @@ description:
     not larger than I(checksum_limit).
 options:
   paths:
-    description: Paths to lstat.
+    description: Paths to lstat that the role converges (mode, owner, content or link target set by one of its tasks).
+    type: list
+    elements: str
+    default: []
+  reads:
+    description: Paths to lstat that the role only reads (a venv's python, a pointer another role switches), reported
+      in the same C(paths) result; kept apart so that whoever lists what a role manages (make sim-drift) never takes
+      them for its own.
     type: list
     elements: str
     default: []
@@ -66,6 +73,10 @@ author: TwinSpark
 """
 
 RETURN = r"""
+managed:
+  description: The I(paths) argument as given (what the role converges; I(reads) and the entries of I(dirs) are not).
+  type: list
+  returned: always
 paths:
   description: Per path (and per entry of I(dirs)), exists and, when it does, isreg, isdir, islnk, mode (four octal
     digits), uid, gid, pw_name, gr_name, size, resolves (whether it exists with links followed), lnk_target (links)
@@ -235,6 +246,7 @@ def read_groups(names):
 def main():
     module = AnsibleModule(
         argument_spec={"paths": {"type": "list", "elements": "str", "default": []},
+                       "reads": {"type": "list", "elements": "str", "default": []},
                        "dirs": {"type": "list", "elements": "str", "default": []},
                        "packages": {"type": "list", "elements": "str", "default": []},
                        "units": {"type": "list", "elements": "str", "default": []},
@@ -245,7 +257,7 @@ def main():
                        "checksum_limit": {"type": "int", "default": 1048576}},
         supports_check_mode=True)
     params = module.params
-    paths = {path: read_path(path, params["checksum_limit"]) for path in params["paths"]}
+    paths = {path: read_path(path, params["checksum_limit"]) for path in params["paths"] + params["reads"]}
     for directory in params["dirs"]:
         try:
             names = sorted(os.listdir(directory))
@@ -265,7 +277,7 @@ def main():
         text = read_text(path, params["checksum_limit"])
         if text is not None:
             contents[path] = text
-    module.exit_json(changed=False, paths=paths, contents=contents,
+    module.exit_json(changed=False, paths=paths, managed=list(params["paths"]), contents=contents,
                      packages=read_packages(params["packages"]), units=read_units(params["units"]),
                      users=users, groups=read_groups(params["groups"]))
 

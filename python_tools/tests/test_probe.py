@@ -76,10 +76,12 @@ def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_pat
     (node / "file").chmod(0o640)
     (node / "link").symlink_to(node / "file")
     (node / "dangling").symlink_to(node / "nowhere")
+    (node / "read-only").write_bytes(b"kept\n")
     probed = probe_once(tmp_path, f"""\
         paths: ["{{{{ root }}}}/file", "{{{{ root }}}}/dir", "{{{{ root }}}}/link", "{{{{ root }}}}/dangling",
                 "{{{{ root }}}}/absent"]
         dirs: ["{{{{ root }}}}/dir", "{{{{ root }}}}/not-a-dir"]
+        reads: ["{{{{ root }}}}/read-only"]
         packages: [dpkg, twinspark-no-such-package]
         users: [{ME}, twinspark-no-such-user]
         groups: [{MY_GROUP}, twinspark-no-such-group]
@@ -96,6 +98,10 @@ def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_pat
                                                                                     True)
     assert paths[f"{node}/dangling"]["islnk"] and paths[f"{node}/dangling"]["resolves"] is False
     assert paths[f"{node}/absent"] == {"exists": False}
+    # A path the role only reads is read the same way, but not declared among those it converges (make sim-drift
+    # drifts only those, from the module's arguments).
+    assert paths[f"{node}/read-only"]["checksum"] == hashlib.sha1(b"kept\n").hexdigest()  # noqa: S324
+    assert f"{node}/read-only" not in probed["managed"] and f"{node}/file" in probed["managed"]
     assert paths[f"{node}/dir/inner"]["checksum"] == hashlib.sha1(b"inner\n").hexdigest()  # noqa: S324
     assert not any(path.startswith(f"{node}/not-a-dir") for path in paths)
     if shutil.which("dpkg-query"):

@@ -276,11 +276,15 @@ def fault_guard_killed(rng: random.Random) -> tuple[str, float]:
     return "worker SIGKILLed, then the guard SIGKILLed in the middle of its ordered restart", time.time()
 
 
-def site_yml() -> tuple[int, int]:
-    """One site.yml run under the pair's lock: (exit code, changed count of the recap)."""
+def site_yml(record: Path | None = None) -> tuple[int, int]:
+    """One site.yml run under the pair's lock: (exit code, changed count of the recap). `record`: also write there
+    every path the roles' probes declared, per host (scripts/sim/ansible_plugins/twinspark_probed_paths.py)."""
     playbook = Path(sys.executable).parent / "ansible-playbook"  # the venv's, next to this interpreter
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
            "PATH": f"{playbook.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if record is not None:
+        env.update(ANSIBLE_CALLBACK_PLUGINS=f"{ROOT / 'callback_plugins'}{os.pathsep}{SIM / 'ansible_plugins'}",
+                   ANSIBLE_CALLBACKS_ENABLED="twinspark_probed_paths", TWINSPARK_PROBED_PATHS=str(record))
     out = subprocess.run(["flock", "-w", "600", "/var/tmp/twinspark-sim.lock", "timeout", "1500", str(playbook),
                           "-i", str(ROOT / "inventory" / "sim"), str(ROOT / "site.yml")],
                          capture_output=True, text=True, cwd=ROOT, env=env, check=False)
@@ -361,6 +365,59 @@ def fault_drift_all(rng: random.Random) -> tuple[str, float]:
     return detail, time.time()
 
 
+# Files whose content the roles write (templates, copies): drifted in content as well as in mode and owner. Every
+# other declared file (generated keys, the model's shards) has its mode and owner drifted only.
+CONTENT_MANAGED = re.compile(r"(\.(service|timer|socket|nft|env|yaml|json|conf)|/twinspark-peer-control)$")
+
+
+def drift_plan(index: int, path: str, seen: dict) -> list[str]:
+    """What to change at one declared path, as shell commands: a mode bit flipped (o+r on a file, o+rx on a
+    directory), every third path's owner moved to `daemon`, a managed text file's content appended to, a link
+    pointed elsewhere."""
+    if seen.get("islnk"):
+        return ['ln -sfn /tmp "$1"']
+    mode = int(str(seen.get("mode") or "0"), 8)
+    steps = [f'chmod {mode ^ (0o005 if seen.get("isdir") else 0o004):04o} "$1"']
+    if index % 3 == 0:
+        steps.append('chown daemon "$1"')
+    if seen.get("isreg") and seen.get("checksum") and CONTENT_MANAGED.search(path):
+        steps.append('printf "\n# drifted by the chaos campaign\n" >> "$1"')
+    return steps
+
+
+def fault_drift_every(rng: random.Random) -> tuple[str, float]:
+    """Every path the roles declare in their probes, on both nodes, drifted at once; one site.yml must restore each
+    exactly as a converged run's probes read it, and a second run must change nothing."""
+    record = Path(f"/var/tmp/twinspark-probed-{os.getpid()}.json")
+    try:
+        rc0, changed0 = site_yml(record)
+        declared = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        FAULT_NOTES.append(f"could not record the declared paths: {error}")
+        return "drift-every (not injected)", time.time()
+    finally:
+        record.unlink(missing_ok=True)
+    if rc0 != 0 or changed0 != 0:
+        FAULT_NOTES.append(f"the pair was not converged before the drift (site.yml rc {rc0}, changed={changed0})")
+    targets = [(node, path, seen) for node in (HEAD, WORKER) for path, seen in sorted(declared.get(node, {}).items())
+               if seen.get("exists")]
+    before = {(node, path): look(node, path) for node, path, _ in targets}
+    for index, (node, path, seen) in enumerate(targets):
+        for step in drift_plan(index, path, seen):
+            nx(node, "sh", "-c", step, "drift", path, check=True)
+    drifted = sum(1 for node, path, _ in targets if look(node, path) != before[(node, path)])
+    rc1, _ = site_yml()
+    wrong = [f"{node}:{path} {before[(node, path)]} -> {look(node, path)}" for node, path, _ in targets
+             if look(node, path) != before[(node, path)]]
+    rc2, changed2 = site_yml()
+    if rc1 != 0 or rc2 != 0 or wrong or changed2 != 0:
+        FAULT_NOTES.append(f"site.yml rc {rc1}/{rc2}, second run changed={changed2}; not restored: "
+                           + ("; ".join(wrong) or "none"))
+    per_node = ", ".join(f"{node} {sum(1 for n, _, _ in targets if n == node)}" for node in (HEAD, WORKER))
+    return (f"{drifted} of {len(targets)} declared paths drifted ({per_node}: mode, owner, content, link), "
+            f"{len(targets) - len(wrong)} restored exactly by one site.yml, second run changed={changed2}"), time.time()
+
+
 FAULT_NOTES: list[str] = []
 
 
@@ -377,6 +434,7 @@ def catalogue(max_fabric_s: int, fabric_s: int | None = None) -> dict[str, Injec
         "guard-killed-mid-restart": fault_guard_killed,
         "drift-path": fault_drift,
         "drift-all": fault_drift_all,
+        "drift-every": fault_drift_every,
     }
 
 
@@ -423,8 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-s", type=float, default=900.0, help="bound on each fault's recovery")
     args = parser.parse_args(argv)
     faults = catalogue(max(5, args.max_fabric_s), args.fabric_s)
-    # drift-all (two site.yml runs over every managed path) is drawn only when named: `make sim-drift`.
-    chosen = [f for f in args.faults.split(",") if f] or [f for f in faults if f != "drift-all"]
+    # drift-all and drift-every (site.yml runs over many managed paths) are drawn only when named: `make sim-drift`.
+    chosen = [f for f in args.faults.split(",") if f] or [f for f in faults if f not in ("drift-all", "drift-every")]
     unknown = [f for f in chosen if f not in faults]
     if unknown or args.rounds < 1:
         parser.error(f"unknown fault(s) {', '.join(unknown)} (known: {', '.join(faults)})" if unknown
