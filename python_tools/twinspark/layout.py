@@ -73,6 +73,11 @@ class Layout:
     bandwidth_record: str
     router_port: str
     router_metrics_port: str
+    metrics_dir: str
+    monitoring_record: str
+    prometheus_port: str
+    alertmanager_port: str
+    node_exporter_port: str
 
     @property
     def cli(self) -> str:

@@ -90,6 +90,11 @@ def hosts_yml(pairs: int) -> str:
         "      hosts:",
         f"        node{router}:",
         f"          ansible_host: {MGMT}.{router}",
+        "    # Prometheus and Alertmanager (role monitoring, docs/MONITORING.md) on the router node: it reaches every",
+        "    # pair, and the router's own metrics listen on its loopback only.",
+        "    twinspark_monitor:",
+        "      hosts:",
+        f"        node{router}:",
     ]
     return "\n".join(lines) + "\n"
 

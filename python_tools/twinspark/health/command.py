@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from twinspark import api, netguard, routerclient
+from twinspark import api, layout, netguard, routerclient
 from twinspark.health import checks, fleetreport, gather, remote, report
 from twinspark.health.checks import CheckResult
 from twinspark.inventory import InventoryError, default_inventory, read_fleet, read_inventory
@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quiet", action="store_true",
                         help="print only what is not ok, and the summary line (the timer's journal)")
     parser.add_argument("--prom-file", type=Path, metavar="PATH",
-                        help="also write a node_exporter textfile (e.g. /var/lib/twinspark/metrics/twinspark.prom)")
+                        help="also write a node_exporter textfile (e.g. "
+                        f"{layout.default().metrics_dir}/twinspark.prom)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
                         help="seconds allowed for each HTTP request and SSH step (default 10)")
     parser.add_argument("--limit", metavar="PAIRS",
