@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from devtools import dashboards, promql
-from twinspark import api, netguard
+from twinspark import api, layout, netguard
 
-DEFAULT_PROMETHEUS = "http://10.78.0.1:9090"
+# The simulated pair's head, where the monitoring role puts Prometheus when the inventory names no monitor host.
+DEFAULT_PROMETHEUS = f"http://10.78.0.1:{layout.default().prometheus_port}"
 TIMEOUT_S = 10.0
 DATA, EMPTY, FAILED, SKIPPED = "data", "empty", "failed", "skipped"
 # Grafana's variable forms: $name, ${name} (also ${name:format}) and the old [[name]].
