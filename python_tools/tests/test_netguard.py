@@ -136,6 +136,7 @@ def tool_runs(python: str) -> str:
         "bench": f"{python} -m twinspark.cli bench --url http://10.78.0.1:8888 --concurrency 1",
         "frontdoor": f"{python} -m twinspark.cli status -i inventory/sim --artifacts \"$(mktemp -d)\"",
         "chat-once": f"{python} scripts/sim/chat-once.py http://10.78.0.1:8888",
+        "monitor-check": f"{python} scripts/sim/monitor-check --timeout 3",
         "ssh": "ssh -F /dev/null -o BatchMode=yes -o ConnectTimeout=3 "
                "-o ProxyCommand='python3 scripts/sim/route-connect %h %p' root@10.78.0.2 true",
     }
@@ -169,7 +170,8 @@ echo "tx_delta=$(( $({TX_PACKETS}) - before ))"
     done = in_namespace(script)
     assert "tx_delta=" in done.stdout, done.stdout + done.stderr
     found = results(done.stdout)
-    expected_rc = {"route-check": 1, "health": 2, "bench": 2, "frontdoor": 2, "chat-once": 2, "ssh": 255}
+    expected_rc = {"route-check": 1, "health": 2, "bench": 2, "frontdoor": 2, "chat-once": 2, "monitor-check": 2,
+                   "ssh": 255}
     assert {name: rc for name, (rc, _) in found.items()} == expected_rc, done.stdout
     why = "its route is blackhole" if safety_net else "its route goes out through out0 via 198.18.0.1"
     for name, (_, lines) in found.items():
