@@ -282,7 +282,7 @@ def test_overriding_the_restart_flag_once_moves_the_handler_the_check_and_tools(
     assert result.returncode == 0, result.stdout + result.stderr
     assert flag.exists() and (flag.stat().st_mode & 0o777) == 0o600
     facts = yaml.safe_load((ROOT / "roles" / "vllm_service" / "tasks" / "_pair_facts.yml").read_text())
-    assert any(task.get("twinspark_probe", {}).get("paths") == ["{{ twinspark_layout_restart_flag }}"]
+    assert any(task.get("twinspark_probe", {}).get("reads") == ["{{ twinspark_layout_restart_flag }}"]
                for task in facts)
     lock, pause, state = control / "lock", control / "paused", tmp_path / "guard" / "state.json"
     tools = _tools_on_a_node(tmp_path, {"control_dir": str(control), "restart_flag": str(flag), "pair_lock": str(lock),

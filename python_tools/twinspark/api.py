@@ -18,14 +18,18 @@ address a client dials (127.0.0.1 for the head's own probes when vLLM binds a wi
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import pwd
 import re
+import socket
 import ssl
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from twinspark import settings
+from twinspark import layout, settings
 
 # Env names (serve.env) and inventory variables of the TLS settings (python_tools/twinspark/settings.yml).
 TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "TWINSPARK_VLLM_TLS_CERT", "TWINSPARK_VLLM_TLS_KEY", "TWINSPARK_VLLM_TLS_CA"
@@ -259,16 +263,133 @@ def read_metrics(url: str, timeout: float, http=None, ca: str | None = None) -> 
         return {"error": f"unparseable exposition: {error}"}
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Whose listener gets the key
+# ---------------------------------------------------------------------------------------------------------------
+
+TCP_LISTEN = "0A"
+
+
+def _proc_address(text: str) -> tuple[str, int]:
+    """/proc/net/tcp{,6}'s `HEXADDR:HEXPORT` (each 32-bit word of the address in host byte order)."""
+    address, port = text.split(":")
+    raw = bytes.fromhex(address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words)), int(port, 16)
+
+
+def tcp_listeners(port: int, proc: str = "/proc") -> list[tuple[str, int]]:
+    """(local address, uid) of every TCP socket listening on `port` in this network namespace, IPv4 and IPv6, from
+    /proc/net/tcp and tcp6 (the uid column is the socket's owner). Unreadable tables add nothing."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc, "net", table), encoding="ascii") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 8 or fields[3] != TCP_LISTEN:
+                continue
+            address, listening = _proc_address(fields[1])
+            if listening == port:
+                found.append((address, int(fields[7])))
+    return found
+
+
+def _is_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether an address is this machine's own: loopback, or one a socket here can bind."""
+    if address.is_loopback:
+        return True
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(address), 0))
+        return True
+    except OSError:
+        return False
+
+
+def _url_host_port(url: str) -> tuple[str, int] | None:
+    found = re.match(r"^https?://(\[[^\]]+\]|[^/:]+):(\d+)", url)
+    if found is None:
+        return None
+    return found.group(1).strip("[]"), int(found.group(2))
+
+
+def serving_uid() -> int | None:
+    """The serving account's uid on this node (the shared layout's service_user); None when it does not exist."""
+    try:
+        return pwd.getpwnam(layout.current().service_user).pw_uid
+    except KeyError:
+        return None
+
+
+def key_withheld(url: str, owner_uid: int | None, proc: str = "/proc") -> str | None:
+    """Why the API key must not go to `url`, or None when it may.
+
+    A URL on this machine (loopback, or one of its addresses) reaches whatever listens on that port, and any local
+    account can bind the API port while vLLM is stopped or still importing. So the key goes to a local URL only when
+    every socket listening there (that address or a wildcard, from /proc/net/tcp{,6}) belongs to the serving
+    account; a URL of another machine is not judged here. No listener: the connection is refused before any
+    header is sent. `owner_uid` None (no serving account on this machine, so nothing here serves the pair: a
+    controller, a test): not judged."""
+    parts = _url_host_port(url)
+    if owner_uid is None:
+        return None
+    if parts is None:
+        return None
+    host, port = parts
+    try:
+        address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+    except ValueError:
+        return None  # a host name: another machine's, as the controller's sweep dials it
+    if not _is_local(address):
+        return None
+    holders = sorted({uid for listening, uid in tcp_listeners(port, proc) if _reaches(listening, address)})
+    strangers = [uid for uid in holders if uid != owner_uid]
+    if not strangers:
+        return None
+    names = ", ".join(_account(uid) for uid in strangers)
+    return (f"port {port} on {host} is held by {names}, not the serving account: the API key was not sent "
+            "(another local account bound the API port while vLLM did not hold it; find it with `ss -ltnp`)")
+
+
+def _reaches(listening: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a socket listening on `listening` answers a client dialling `address` (a wildcard does; an IPv6
+    socket bound to a v4-mapped address answers that IPv4 address)."""
+    bound = ipaddress.ip_address(listening)
+    if bound.is_unspecified:
+        return True
+    mapped = getattr(bound, "ipv4_mapped", None)
+    return bound == address or (mapped is not None and mapped == address)
+
+
+def _account(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def gather(url: str, served_name: str | None, api_key: str | None, timeout: float, http=None,
-           ca: str | None = None) -> dict[str, object]:
-    """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics, concurrently."""
+           ca: str | None = None, owner_uid: int | None = None, proc: str = "/proc") -> dict[str, object]:
+    """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics, concurrently.
+
+    With a key, a URL on this machine is asked only when its listener belongs to the serving account (`owner_uid`,
+    default the layout's service_user; key_withheld): otherwise the keyed probes answer with the reason and no
+    request carries the key."""
     http = http if http is not None else session(ca)
     headers = auth_headers(api_key)
+    withheld = key_withheld(url, serving_uid() if owner_uid is None else owner_uid, proc) if api_key else None
 
     def health() -> dict[str, object]:
         return request(http, "GET", f"{url}/health", timeout)[0]
 
     def models() -> dict[str, object]:
+        if withheld:
+            return {"error": withheld, "withheld": True}
         result, response = request(http, "GET", f"{url}/v1/models", timeout, headers=headers)
         if response is not None and response.ok:
             try:
@@ -278,6 +399,8 @@ def gather(url: str, served_name: str | None, api_key: str | None, timeout: floa
         return result
 
     def generate() -> dict[str, object]:
+        if withheld:
+            return {"error": withheld, "withheld": True}
         result, response = request(http, "POST", f"{url}/v1/completions", timeout, headers=headers,
                                    json=one_token_body(served_name))
         if response is not None and response.ok:

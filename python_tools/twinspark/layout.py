@@ -51,6 +51,7 @@ class Layout:
     venv: str
     runtime_root: str
     state_dir: str
+    service_user: str
     control_dir: str
     restart_flag: str
     pair_lock: str

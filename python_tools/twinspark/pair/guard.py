@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from twinspark import api as head_api
 from twinspark import atomic, drain, firewall, layout
 from twinspark.guard_rules import (
     Action,
@@ -105,8 +106,9 @@ def restart_blocker(pair: Pair) -> str | None:
     """A cause no ordered restart can cure, found cheaply on the head, in one line with its fix; None when none.
 
     The guard's SSH key must be one ssh accepts (0600, owned by whoever runs ssh: ssh ignores any other), the
-    head's rank unit must find the executable it runs, and the state directory's filesystem must have room for the
-    caches a start writes. A stand-in pair without a key or unit says nothing."""
+    head's rank unit must find the executable it runs, no other local account may hold the API port, and the state
+    directory's filesystem must have room for the caches a start writes. A stand-in pair without a key or unit says
+    nothing."""
     problem = guard_key_problem(getattr(pair, "ssh_key", None))
     if problem:
         return problem
@@ -114,6 +116,10 @@ def restart_blocker(pair: Pair) -> str | None:
     path = exec_path(show()) if show is not None else None
     problem = runtime_problem(path, path is None or os.path.exists(path))
     if problem or show is None:
+        return problem
+    # Another local account holds the API port (vLLM could not bind it): a restart would fail the same way.
+    problem = head_api.key_withheld(pair.api.url, head_api.serving_uid()) if getattr(pair, "api", None) else None
+    if problem:
         return problem
     state_dir = layout.current().state_dir
     return disk_problem(state_dir, free_bytes(state_dir))
