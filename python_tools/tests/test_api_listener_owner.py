@@ -44,7 +44,10 @@ def test_only_listening_sockets_on_the_port_are_listed(tmp_path):
                                 "00000000:00000000 00:00000000 00000000   999 0 14\n")
     assert sorted(api.tcp_listeners(8888, str(tmp_path))) == [("127.0.0.1", 1001), ("::", 999)]
     assert api.tcp_listeners(9, str(tmp_path)) == []
-    assert api.tcp_listeners(8888, str(tmp_path / "absent")) == []
+    assert api.tcp_listeners(8888, str(tmp_path / "absent")) is None
+    # Unable to see who holds a local port: the key stays home.
+    why = api.key_withheld("http://127.0.0.1:8888", ME, str(tmp_path / "absent"))
+    assert why is not None and "cannot read" in why and "not sent" in why
 
 
 def _listening() -> socket.socket:

@@ -278,16 +278,18 @@ def _proc_address(text: str) -> tuple[str, int]:
     return str(ipaddress.ip_address(words)), int(port, 16)
 
 
-def tcp_listeners(port: int, proc: str = "/proc") -> list[tuple[str, int]]:
+def tcp_listeners(port: int, proc: str = "/proc") -> list[tuple[str, int]] | None:
     """(local address, uid) of every TCP socket listening on `port` in this network namespace, IPv4 and IPv6, from
-    /proc/net/tcp and tcp6 (the uid column is the socket's owner). Unreadable tables add nothing."""
+    /proc/net/tcp and tcp6 (the uid column is the socket's owner); None when neither table can be read."""
     found = []
+    read_any = False
     for table in ("tcp", "tcp6"):
         try:
             with open(os.path.join(proc, "net", table), encoding="ascii") as handle:
                 rows = handle.read().splitlines()[1:]
         except OSError:
             continue
+        read_any = True
         for row in rows:
             fields = row.split()
             if len(fields) < 8 or fields[3] != TCP_LISTEN:
@@ -295,7 +297,7 @@ def tcp_listeners(port: int, proc: str = "/proc") -> list[tuple[str, int]]:
             address, listening = _proc_address(fields[1])
             if listening == port:
                 found.append((address, int(fields[7])))
-    return found
+    return found if read_any else None
 
 
 def _is_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -347,7 +349,11 @@ def key_withheld(url: str, owner_uid: int | None, proc: str = "/proc") -> str | 
         return None  # a host name: another machine's, as the controller's sweep dials it
     if not _is_local(address):
         return None
-    holders = sorted({uid for listening, uid in tcp_listeners(port, proc) if _reaches(listening, address)})
+    listeners = tcp_listeners(port, proc)
+    if listeners is None:
+        return (f"cannot read {proc}/net/tcp to see who holds port {port} on {host}: the API key was not sent "
+                "(run the probe where /proc/net is visible)")
+    holders = sorted({uid for listening, uid in listeners if _reaches(listening, address)})
     strangers = [uid for uid in holders if uid != owner_uid]
     if not strangers:
         return None
