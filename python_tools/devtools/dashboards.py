@@ -39,6 +39,7 @@ PAIR = 'pair=~"$pair"'
 PAIR_NODE = 'pair=~"$pair", node=~"$node"'
 # The health textfile exists on the head only; rank_role keeps a fleet sweep's textfile elsewhere out.
 HEAD = 'pair=~"$pair", rank_role="head"'
+FABRIC = f'{PAIR_NODE}, device=~"$fabric"'
 RATE = "[$__rate_interval]"
 QUANTILES = (0.5, 0.9, 0.99)
 # Filesystems that hold no model, cache or state: left out of "disk free".
@@ -109,6 +110,19 @@ def quantiles(histogram: str, selector: str, by: str = "le", legend: str = "") -
 def rate(counter: str, selector: str, by: str = "") -> str:
     grouping = f" by ({by}) " if by else ""
     return f"sum{grouping}(rate({counter}{{{selector}}}{RATE}))"
+
+
+def traffic(selector: str) -> tuple[Query, ...]:
+    """Bytes per second received and sent, per node and netdev."""
+    return tuple(Query(rate(f"node_network_{way}_bytes_total", selector, by="node, device"),
+                       f"{{{{node}}}} {{{{device}}}} {short}")
+                 for way, short in (("receive", "in"), ("transmit", "out")))
+
+
+def both_ways(counter: str, selector: str) -> str:
+    """A netdev counter received plus sent, per second, per node and netdev."""
+    return (f"sum by (node, device) (rate(node_network_receive_{counter}{{{selector}}}{RATE})"
+            f" + rate(node_network_transmit_{counter}{{{selector}}}{RATE}))")
 
 
 def ratio(numerator: str, denominator: str, selector: str) -> str:
@@ -244,34 +258,22 @@ NODES = Row("Nodes (node exporter)", (
               f"/ node_filesystem_size_bytes{{{PAIR_NODE}, {VIRTUAL_FS}}})", "{{node}} {{mountpoint}}"),),
           "Free share of every real filesystem (the model and cache directories live on one of them).",
           unit="percentunit", width=8, base_colour="red", thresholds=((0.1, "orange"), (0.2, "green"))),
-    Panel("Network throughput", "timeseries", (
-        Query(rate("node_network_receive_bytes_total", f'{PAIR_NODE}, device!="lo"', by="node, device"),
-              "{{node}} {{device}} in"),
-        Query(rate("node_network_transmit_bytes_total", f'{PAIR_NODE}, device!="lo"', by="node, device"),
-              "{{node}} {{device}} out"),
-    ), "Bytes per second on every interface but loopback.", unit="Bps"),
-    Panel("Fabric throughput", "timeseries", (
-        Query(rate("node_network_receive_bytes_total", f'{PAIR_NODE}, device=~"$fabric"', by="node, device"),
-              "{{node}} {{device}} in"),
-        Query(rate("node_network_transmit_bytes_total", f'{PAIR_NODE}, device=~"$fabric"', by="node, device"),
-              "{{node}} {{device}} out"),
-    ), "Bytes per second on the fabric netdevs (the variable `fabric`): the ranks' collectives.", unit="Bps"),
+    Panel("Network throughput", "timeseries", traffic(f'{PAIR_NODE}, device!="lo"'),
+          "Bytes per second on every interface but loopback.", unit="Bps"),
+    Panel("Fabric throughput", "timeseries", traffic(FABRIC),
+          "Bytes per second on the fabric netdevs (the variable `fabric`): the ranks' collectives.", unit="Bps"),
     Panel("Fabric link up", "stat",
-          (Query(f'node_network_up{{{PAIR_NODE}, device=~"$fabric"}}', "{{node}} {{device}}"),),
+          (Query(f"node_network_up{{{FABRIC}}}", "{{node}} {{device}}"),),
           "Operational state of each fabric netdev.", width=8, height=4, mappings=UP),
     Panel("Fabric MTU", "stat",
-          (Query(f'node_network_mtu_bytes{{{PAIR_NODE}, device=~"$fabric"}}', "{{node}} {{device}}"),),
+          (Query(f"node_network_mtu_bytes{{{FABRIC}}}", "{{node}} {{device}}"),),
           "The fabric's MTU on each node: both ends must agree (9000 on a converged pair).", width=8, height=4),
     Panel("Fabric speed", "stat",
-          (Query(f'node_network_speed_bytes{{{PAIR_NODE}, device=~"$fabric"}} * 8', "{{node}} {{device}}"),),
+          (Query(f"node_network_speed_bytes{{{FABRIC}}} * 8", "{{node}} {{device}}"),),
           "The link speed each fabric netdev reports.", unit="bps", width=8, height=4),
     Panel("Fabric errors and drops", "timeseries", (
-        Query(f'sum by (node, device) (rate(node_network_receive_errs_total{{{PAIR_NODE}, device=~"$fabric"}}{RATE})'
-              f' + rate(node_network_transmit_errs_total{{{PAIR_NODE}, device=~"$fabric"}}{RATE}))',
-              "{{node}} {{device}} errors"),
-        Query(f'sum by (node, device) (rate(node_network_receive_drop_total{{{PAIR_NODE}, device=~"$fabric"}}{RATE})'
-              f' + rate(node_network_transmit_drop_total{{{PAIR_NODE}, device=~"$fabric"}}{RATE}))',
-              "{{node}} {{device}} drops"),
+        Query(both_ways("errs_total", FABRIC), "{{node}} {{device}} errors"),
+        Query(both_ways("drop_total", FABRIC), "{{node}} {{device}} drops"),
     ), "Packets per second the fabric netdevs counted as errors or dropped.", width=24),
 ))
 

@@ -10,6 +10,9 @@ LABEL (as "All", a regular expression; --var NAME=VALUE chooses one instead), a 
 $__rate_interval by --rate-interval (1m: four 15 s scrapes), $__interval by --interval, $__range by --range.
 A panel has data when every one of its targets returns at least one series.
 
+The default --prometheus is the one-pair simulated pair's head; on the simulated fleet Prometheus runs on the
+router node (--prometheus http://10.78.0.5:9090 for two pairs).
+
 --skip TITLE leaves out a panel, or every panel of a row, by its title; it must name one (on the one-pair simulated
 pair there is no router, so `--skip "Router (the fleet's vllm-router)"`, and the CPU engine drafts no speculative
 tokens, so `--skip "Speculative decoding acceptance"`; the summary counts what was skipped).
