@@ -170,6 +170,7 @@ class GuardState:
     progress: Progress | None = None  # the latest /metrics counters, to compare with on the next run
     served_at: float | None = None  # when the pair last answered a probe or moved its counters
     fabric_down_since: float | None = None  # when the guard first saw the fabric down (None: up at the last look)
+    restarts: int = 0  # ordered restarts the guard started, ever (its textfile's counter; `pair reset` zeroes it)
 
     def recent_attempts(self, now: float, window_s: float) -> tuple[Attempt, ...]:
         return tuple(a for a in self.attempts if now - a.at < window_s)
@@ -447,7 +448,8 @@ def state_from_json(data: Mapping[str, object]) -> GuardState:
                       gave_up_reason=str(data.get("gave_up_reason") or ""), last=dict(data.get("last") or {}),
                       progress=progress_from_json(data.get("progress")),
                       served_at=float(served_at) if served_at is not None else None,
-                      fabric_down_since=float(fabric_down_since) if fabric_down_since is not None else None)
+                      fabric_down_since=float(fabric_down_since) if fabric_down_since is not None else None,
+                      restarts=int(data.get("restarts") or 0))
 
 
 def progress_from_json(data: object) -> Progress | None:

@@ -28,7 +28,7 @@ from twinspark.guard_rules import (
     track,
     warm,
 )
-from twinspark.pair import guard, lifecycle
+from twinspark.pair import guard, lifecycle, textfile
 from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, Pair, log
 
 DEFAULT_ENV_FILES = (layout.current().serve_env, layout.current().secrets_env)
@@ -85,6 +85,8 @@ def cmd_guard(args: argparse.Namespace) -> int:
     if pause is not None:
         log(6 if kicks.woken else 7, f"pair guard {lifecycle.pause_line(pause, time.time())}; not looking "
             f"(`twinspark pair resume`, playbooks/start.yml or restart.yml end the pause)")
+        guard.report(args, guard.peek_state(Path(args.state_file)), _policy_from_args(args), "paused",
+                     paused_for_s=textfile.paused_seconds(pause.since, args.pause_file, time.time()))
         return 0
     pair = _pair_or_none(args, "pair guard")
     if pair is None:
@@ -97,6 +99,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
             return guard.run(args, pair, policy, inbox, trigger, kicks.woken)
     except lifecycle.LockBusy as exc:
         log(5, f"pair guard: not looking now, {exc.holder} holds the pair's lifecycle lock; the next run looks again")
+        guard.report(args, guard.peek_state(Path(args.state_file)), policy, "busy")
         return 0
     except lifecycle.LockError as exc:
         log(3, f"pair guard: {exc}")
@@ -310,6 +313,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     guard_verb = verbs.add_parser("guard",
                                   help="one guard run: look at both ranks, restart the pair in order if broken")
     common(guard_verb, acts=True)
+    guard_verb.add_argument("--textfile", default=textfile.default_path(), metavar="PATH",
+                            help="the guard's node_exporter textfile, rewritten on every run (default: guard.prom in "
+                                 "the layout's metrics directory, which node exporter reads); '' writes none")
     guard_verb.add_argument("--settle", type=float, default=30.0, metavar="S",
                             help="woken by a kick, wait at most this long for a rank that is still stopping to "
                                  "finish (the rank's stop grace and a margin) before judging the pair")

@@ -60,7 +60,7 @@ from twinspark.guard_rules import (
     state_from_json,
     state_to_json,
 )
-from twinspark.pair import lifecycle
+from twinspark.pair import lifecycle, textfile
 from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 
 DEFAULT_STATE_FILE = layout.current().guard_state
@@ -141,6 +141,8 @@ def run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy:
         # Nothing was touched, so nothing is counted: a restart cannot cure this, and the next run looks again.
         log(3, f"ordered pair restart not started: {problem}")
         return state, False
+    if not by_operator:
+        state = replace(state, restarts=state.restarts + 1)  # what the guard's textfile counts
     started_at = time.time()
     box: dict[str, object] = {}
 
@@ -191,6 +193,13 @@ def firewall_missing(say: Callable[[int, str], None], state_path: str | None = N
     return code == 2
 
 
+def report(args: argparse.Namespace, state: GuardState, policy: Policy, decision: str, serving: bool | None = None,
+           fabric_up: bool | None = None, paused_for_s: float | None = None) -> None:
+    """Write the guard's textfile (`--textfile`, pair/textfile.py) from the state it keeps and what this run saw."""
+    if getattr(args, "textfile", None):
+        textfile.write(args.textfile, textfile.reading(state, policy, decision, serving, fabric_up, paused_for_s), log)
+
+
 def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.KickInbox, trigger: str,
                woken: bool = False) -> int:
     """One guard run under the lifecycle lock: look, decide, act, remember. `woken`: a rank's kick started this run
@@ -211,6 +220,8 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
     decision = decide(obs, state, policy, now)
     state = replace(decision.state, last={"at": now, "verdict": decision.verdict.value,
                                           "action": decision.action.value, "reason": decision.reason})
+    kind = textfile.decision_kind(decision.verdict, decision.action)
+    serving, fabric_up = textfile.served(obs, decision.verdict), obs.fabric_down is None
     code = 0
     if decision.action is Action.NONE:
         log(7, f"pair healthy: {decision.reason}")
@@ -232,8 +243,9 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
     else:
         log(4, f"pair broken ({trigger}), restarting both ranks in order: {decision.reason}")
         save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
-        state, ok = run_restart(pair, args, state, policy, decision.reason)
-        code = 0 if ok else 1
+        report(args, state, policy, kind, serving, fabric_up)  # Prometheus sees the pair down while this restart runs
+        state, serving = run_restart(pair, args, state, policy, decision.reason)
+        code = 0 if serving else 1
         # The restart's own stops kicked the socket (both ranks' ExecStop=/ExecStopPost=): those kicks are not news.
         own = inbox.drain()
         if own.count:
@@ -243,4 +255,5 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
                           "action": decision.action.value, "reason": decision.reason,
                           "failures_in_row": state.failures_in_row}, indent=1))
     save_state(state_path, state)
+    report(args, state, policy, kind, serving, fabric_up)
     return code
