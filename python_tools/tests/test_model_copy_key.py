@@ -140,3 +140,20 @@ def test_roots_audit_passes_a_clean_copy_and_names_every_planted_entry(worker):
     for name in ("escape", "world", "suid", *(["roots"] if AS_ROOT else [])):
         assert f"{copy / name}:" in result.stdout, (name, result.stdout)
     assert "config.json" not in result.stdout
+
+
+def test_roots_audit_resolves_a_chain_of_links_that_each_look_inside(worker):
+    """`here -> .` stays inside, and `out -> here/here/here/../../..` reads as the copy itself when only its text is
+    normalised; resolved through `here`, it climbs three levels above the copy. The audit resolves every link."""
+    _, copy, _ = worker
+    owner = RECEIVER
+    (copy / "here").symlink_to(".")
+    _own(copy / "here")
+    assert _audit(copy, owner, links_allowed=True).returncode == 0
+    (copy / "out").symlink_to("here/here/here/../../..")
+    _own(copy / "out")
+    assert os.path.normpath(os.path.join(copy, "here/here/here/../../..")) == str(copy)  # the textual reading
+    result = _audit(copy, owner, links_allowed=True)
+    assert result.returncode == 1
+    assert f"{copy / 'out'}: link to 'here/here/here/../../..' leaves the copy" in result.stdout
+    assert f"{copy / 'here'}:" not in result.stdout
