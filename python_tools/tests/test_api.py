@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import ssl
 import threading
+import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -185,6 +186,30 @@ def test_twinspark_health_local_pair_passes_over_https(https_api, tmp_path, caps
     env_file.write_text(env_file.read_text() + f"TWINSPARK_VLLM_TLS_CA={other}\n")
     assert cli.main(["health", "--local", "--pair", "--env", str(env_file)]) == 2
     assert "does not verify against" in capsys.readouterr().out
+
+
+@needs_openssl
+def test_the_head_textfile_says_when_the_served_certificate_expires(https_api, tmp_path, capsys):
+    """The figure TwinSparkCertExpiring reads: the certificate the API serves (make-cert --days 1), verified against
+    the CA; against the wrong CA the sweep has no figure to give (and fails the pair's checks, saying why)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, cert, other = https_api
+    env = {"VLLM_HOST": "127.0.0.1", "VLLM_PORT": url.rsplit(":", 1)[1], "SERVED_MODEL_NAME": "tiny",
+           "TWINSPARK_VLLM_TLS_CERT": str(cert), "TWINSPARK_VLLM_TLS_KEY": "/unused"}
+    env_file, prom = tmp_path / "serve.env", tmp_path / "twinspark.prom"
+
+    def expiry(ca_line: str) -> list[float]:
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()) + ca_line)
+        cli.main(["health", "--local", "--pair", "--env", str(env_file), "--prom-file", str(prom)])
+        return [s.value for family in text_string_to_metric_families(prom.read_text()) for s in family.samples
+                if s.name == "twinspark_tls_cert_expiry_timestamp_seconds"]
+
+    [not_after] = expiry("")
+    assert 23 * 3600 < not_after - time.time() <= 24 * 3600 + 60
+    assert expiry(f"TWINSPARK_VLLM_TLS_CA={other}\n") == []
+    assert "certificate" not in api.gather(url.replace("https://", "http://"), "tiny", None, timeout=5)
+    capsys.readouterr()
 
 
 @needs_openssl

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from twinspark import layout, settings
 
@@ -203,6 +204,22 @@ def ssl_context(ca: str) -> ssl.SSLContext:
     context.check_hostname = True
     context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def certificate_expiry(url: str, ca: str, timeout: float) -> dict[str, object]:
+    """When the certificate the https API at `url` serves stops being valid: {"not_after": unix time}, or {"error":
+    ...}. Verified against `ca` as every probe is: the figure is the certificate clients get, and one that no longer
+    verifies (expired) gives none, while the probes fail and say why."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout) as raw, \
+                ssl_context(ca).wrap_socket(raw, server_hostname=parts.hostname) as tls:
+            not_after = (tls.getpeercert() or {}).get("notAfter")
+    except (OSError, ValueError) as error:
+        return {"error": describe_error(error, ca)}
+    if not isinstance(not_after, str):
+        return {"error": "the server's certificate has no notAfter date"}
+    return {"not_after": float(ssl.cert_time_to_seconds(not_after))}
 
 
 def session(ca: str | None = None, pool: int | None = None):
@@ -423,6 +440,8 @@ def gather(url: str, served_name: str | None, api_key: str | None, timeout: floa
         return read_metrics(url, timeout, http)
 
     probes = {"health": health, "models": models, "generate": generate, "metrics": metrics}
+    if ca and url.startswith("https://"):
+        probes["certificate"] = lambda: certificate_expiry(url, ca, timeout)
     results: dict[str, object] = {}
     if served_name is None:
         # The configuration could not be read: ask the server what it serves, then generate with that.

@@ -72,6 +72,9 @@ def _pair_metrics(pair: Mapping[str, object] | None) -> dict[str, object]:
     generate = pair.get("generate") or {}
     if generate.get("tokens"):
         metrics["liveness_seconds"] = generate.get("elapsed")
+    certificate = pair.get("certificate") or {}
+    if "not_after" in certificate:
+        metrics["tls_cert_expiry"] = certificate["not_after"]
     return metrics
 
 

@@ -59,7 +59,8 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
     """Write the node_exporter textfile (atomically, via prometheus_client).
 
     twinspark_health_check_status{node,check}: 0 ok, 1 degraded, 2 failed (same as the exit codes);
-    twinspark_health_status: the overall status; the pair's vLLM figures when they were read.
+    twinspark_health_status: the overall status; the pair's vLLM figures when they were read, and when the
+    certificate the API serves expires (TLS only).
     """
     # Measured: prometheus_client adds ~130 ms at import (-X importtime); only the textfile needs it.
     from prometheus_client import CollectorRegistry, Gauge
@@ -80,6 +81,8 @@ def write_prom_file(path: Path, results: Sequence[CheckResult], elapsed_s: float
         "spec_acceptance": ("twinspark_vllm_spec_decode_acceptance_ratio",
                             "Accepted / drafted speculative tokens since start (vLLM /metrics)"),
         "liveness_seconds": ("twinspark_health_liveness_seconds", "Latency of the one-token liveness generation"),
+        "tls_cert_expiry": ("twinspark_tls_cert_expiry_timestamp_seconds",
+                            "When the certificate the API serves expires (Unix time; only with TLS)"),
     }
     for key, (name, documentation) in figures.items():
         value = (metrics or {}).get(key)
