@@ -348,18 +348,29 @@ def drift(node: str, path: str, how: str) -> None:
         nx(node, *how.split(), path, check=True)
 
 
-def fault_drift_all(rng: random.Random) -> tuple[str, float]:
-    before = {(node, path): look(node, path) for node, path, _ in DRIFT_ALL}
-    for node, path, how in DRIFT_ALL:
-        drift(node, path, how)
-    drifted = sum(1 for node, path, _ in DRIFT_ALL if look(node, path) != before[(node, path)])
+def drift_and_heal(places: list[tuple[str, str]], apply: Callable[[], None]) -> tuple[int, list[str], int]:
+    """Drift `places` ((node, path) pairs) with `apply`, then one site.yml must put each back exactly as `look` read
+    it before, and a second must change nothing: (how many were drifted, those not restored, the second run's
+    changed count). A failed run or a path left wrong is noted for the table."""
+    before = {place: look(*place) for place in places}
+    apply()
+    drifted = sum(1 for place in places if look(*place) != before[place])
     rc1, _ = site_yml()
-    wrong = [f"{node}:{path} {before[(node, path)]} -> {look(node, path)}" for node, path, _ in DRIFT_ALL
+    wrong = [f"{node}:{path} {before[(node, path)]} -> {look(node, path)}" for node, path in places
              if look(node, path) != before[(node, path)]]
     rc2, changed2 = site_yml()
     if rc1 != 0 or rc2 != 0 or wrong or changed2 != 0:
         FAULT_NOTES.append(f"site.yml rc {rc1}/{rc2}, second run changed={changed2}; not restored: "
                            + ("; ".join(wrong) or "none"))
+    return drifted, wrong, changed2
+
+
+def fault_drift_all(rng: random.Random) -> tuple[str, float]:
+    def apply() -> None:
+        for node, path, how in DRIFT_ALL:
+            drift(node, path, how)
+
+    drifted, wrong, changed2 = drift_and_heal([(node, path) for node, path, _ in DRIFT_ALL], apply)
     detail = (f"{drifted} of {len(DRIFT_ALL)} managed paths drifted on both nodes (mode, owner, content, link), "
               f"{len(DRIFT_ALL) - len(wrong)} restored exactly by one site.yml, second run changed={changed2}")
     return detail, time.time()
@@ -401,18 +412,12 @@ def fault_drift_every(rng: random.Random) -> tuple[str, float]:
         FAULT_NOTES.append(f"the pair was not converged before the drift (site.yml rc {rc0}, changed={changed0})")
     targets = [(node, path, seen) for node in (HEAD, WORKER) for path, seen in sorted(declared.get(node, {}).items())
                if seen.get("exists")]
-    before = {(node, path): look(node, path) for node, path, _ in targets}
-    for index, (node, path, seen) in enumerate(targets):
-        for step in drift_plan(index, path, seen):
-            nx(node, "sh", "-c", step, "drift", path, check=True)
-    drifted = sum(1 for node, path, _ in targets if look(node, path) != before[(node, path)])
-    rc1, _ = site_yml()
-    wrong = [f"{node}:{path} {before[(node, path)]} -> {look(node, path)}" for node, path, _ in targets
-             if look(node, path) != before[(node, path)]]
-    rc2, changed2 = site_yml()
-    if rc1 != 0 or rc2 != 0 or wrong or changed2 != 0:
-        FAULT_NOTES.append(f"site.yml rc {rc1}/{rc2}, second run changed={changed2}; not restored: "
-                           + ("; ".join(wrong) or "none"))
+    def apply() -> None:
+        for index, (node, path, seen) in enumerate(targets):
+            for step in drift_plan(index, path, seen):
+                nx(node, "sh", "-c", step, "drift", path, check=True)
+
+    drifted, wrong, changed2 = drift_and_heal([(node, path) for node, path, _ in targets], apply)
     per_node = ", ".join(f"{node} {sum(1 for n, _, _ in targets if n == node)}" for node in (HEAD, WORKER))
     return (f"{drifted} of {len(targets)} declared paths drifted ({per_node}: mode, owner, content, link), "
             f"{len(targets) - len(wrong)} restored exactly by one site.yml, second run changed={changed2}"), time.time()
