@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -17,7 +17,14 @@ $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 	$(PY) -m pip install -q -e python_tools --config-settings editable_mode=compat
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed promtool
+
+# promtool runs the alert rules' unit tests in `make test` (python_tools/tests/test_alert_rules.py). It comes with
+# Debian's prometheus package, installed by scripts/install-host-packages so that no Prometheus starts on this machine.
+# As root only, and only when promtool is missing; anyone else gets one line saying how.
+promtool:
+	@command -v promtool >/dev/null || { if [ "$$(id -u)" = 0 ]; then scripts/install-host-packages prometheus; \
+	  else echo "make setup: promtool is missing (the alert rules' tests are skipped); as root: scripts/install-host-packages prometheus"; fi; }
 
 lint: setup
 	ruff check python_tools scripts callback_plugins library
