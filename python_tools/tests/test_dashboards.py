@@ -5,9 +5,8 @@ every metric name a panel or a variable queries is one that something in the pai
   counters, which the CPU engine never exports, in fixtures/health/handshaped_vllm_spec_decode_metrics.txt (those
   and only those);
 - twinspark_health_* and twinspark_vllm_* in what the health writers (twinspark.health.report) really write;
-- twinspark_guard_* in the guard textfile's names of issue 30's monitoring contract (GUARD_TEXTFILE_NAMES below:
-  the guard's writer is being added to twinspark/pair/guard.py by another part of the issue; once it names them,
-  test_the_guard_writes_every_contract_name compares the two);
+- twinspark_guard_* in what the guard's textfile writer (twinspark.pair.textfile) really writes, which must hold
+  every name of issue 30's monitoring contract (GUARD_TEXTFILE_NAMES);
 - node_* in node exporter 1.5's names as Debian 12's package served them (fixtures/monitoring/...node_exporter...);
 - vllm_router_* in the real vllm-router 0.1.17's /metrics (fixtures/monitoring/recorded_vllm_router_...);
 - up and the scrape_* series Prometheus makes itself for every target.
@@ -27,10 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools import dashboards, promql
 from twinspark.health import fleetreport, report
 from twinspark.health.checks import CheckResult
+from twinspark.pair import textfile
 
 TESTS = Path(__file__).resolve().parent
 FIXTURES = TESTS / "fixtures"
-GUARD_SOURCE = TESTS.parent / "twinspark" / "pair" / "guard.py"
 
 # The guard textfile (guard.prom) as issue 30's monitoring contract names it.
 GUARD_TEXTFILE_NAMES = frozenset({
@@ -46,7 +45,11 @@ SPEC_DECODE = re.compile(r"^vllm:spec_decode_")
 
 def sample_names(path: Path) -> set[str]:
     """Every sample name in a Prometheus text file (histograms as _bucket, _sum, _count)."""
-    families = text_string_to_metric_families(path.read_text())
+    return names_in(path.read_text())
+
+
+def names_in(text: str) -> set[str]:
+    families = text_string_to_metric_families(text)
     return {sample.name for family in families for sample in family.samples}
 
 
@@ -67,6 +70,13 @@ def health_textfile_names(folder: Path) -> set[str]:
     return sample_names(folder / "pair.prom") | sample_names(folder / "fleet.prom")
 
 
+def guard_textfile_names() -> set[str]:
+    """The names the guard's textfile holds after a run that looked at the pair while paused (every figure set)."""
+    run = textfile.Reading(decision="paused", restarts=2, attempts_left=1, given_up=False, decided_at=1.0,
+                           paused_for_s=30.0, serving=True, fabric_up=True)
+    return names_in(textfile.exposition(run).decode())
+
+
 @pytest.fixture(scope="module")
 def known(tmp_path_factory) -> dict[str, set[str]]:
     """Where each family of names may come from: {family: names}."""
@@ -76,7 +86,7 @@ def known(tmp_path_factory) -> dict[str, set[str]]:
         "vllm spec decode (handshaped)": {n for n in sample_names(
             FIXTURES / "health" / "handshaped_vllm_spec_decode_metrics.txt") if SPEC_DECODE.match(n)},
         "health textfile": health_textfile_names(tmp_path_factory.mktemp("textfiles")),
-        "guard textfile (contract)": set(GUARD_TEXTFILE_NAMES),
+        "guard textfile": guard_textfile_names(),
         "node exporter": {line for line in node_list.read_text().splitlines() if line and not line.startswith("#")},
         "router": sample_names(FIXTURES / "monitoring" / "recorded_vllm_router_0_1_17_metrics.txt"),
         "prometheus": set(PROMETHEUS_SERIES),
@@ -223,10 +233,7 @@ def test_the_fleet_view_shows_every_pair_and_the_router():
 
 
 def test_the_guard_writes_every_contract_name():
-    written = set(re.findall(r"\btwinspark_guard_[a-z_]+", GUARD_SOURCE.read_text()))
-    if not written:
-        pytest.skip("twinspark/pair/guard.py writes no twinspark_guard_* textfile yet (issue 30, part A)")
-    assert GUARD_TEXTFILE_NAMES - written == set()
+    assert GUARD_TEXTFILE_NAMES - guard_textfile_names() == set()
 
 
 # ---------------------------------------------------------------------------------------------------------------
