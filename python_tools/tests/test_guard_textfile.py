@@ -230,3 +230,14 @@ def test_no_metrics_directory_writes_nothing_and_the_guard_goes_on(tmp_path):
     assert not textfile.write(str(path), textfile.reading(GuardState(), POLICY, "ok"),
                               lambda priority, line: said.append(priority))
     assert not path.parent.exists() and said == [7]
+
+
+def test_the_guards_sandbox_may_write_where_it_writes_by_default():
+    """ProtectSystem=strict leaves the guard only its ReadWritePaths; its default textfile must be under one of them
+    (optional, `-`: a node without the directory still starts the guard)."""
+    from twinspark import generate, layout
+
+    unit = (generate.repo_root() / "roles/vllm_service/templates/twinspark-pair-guard.service.j2").read_text()
+    writable = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ReadWritePaths=")]
+    assert "-{{ twinspark_layout_metrics_dir }}" in writable
+    assert os.path.dirname(textfile.default_path()) == layout.default().metrics_dir
