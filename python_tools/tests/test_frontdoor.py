@@ -272,3 +272,24 @@ def test_only_the_newest_runs_are_kept_and_nothing_else_is_touched(project, caps
     runs = [name for name in left if frontdoor.RUN_DIR.match(name)]
     assert len(runs) == 2 and runs[0] == "20250101T000001-2" and runs[1] > "2026", runs
     assert "removed 2 older run folder(s)" in capsys.readouterr().err
+
+
+def test_a_verb_names_where_the_inventorys_prometheus_and_alertmanager_answer(fleet_project, monkeypatch, capsys):
+    """Before the health table: the monitor's URLs (the head of the first pair, without a twinspark_monitor
+    group), from the inventory; none after stop, and none when the inventory turns monitoring off."""
+    _fake_runs(monkeypatch)
+    _fake_health(monkeypatch, [0])
+    (fleet_project / "playbooks" / "stop.yml").write_text(PLAYBOOK)
+    inventory = str(fleet_project / "fleet.yml")
+    assert cli.main(["deploy", "-i", inventory]) == 0
+    line = "monitoring: Prometheus http://127.0.0.11:9090, Alertmanager http://127.0.0.11:9093"
+    assert line in capsys.readouterr().err
+    assert cli.main(["stop", "-i", inventory]) == 0
+    assert "monitoring:" not in capsys.readouterr().err
+    assert frontdoor.monitor_line(str(fleet_project / "inventory.ini")) is None  # no pair, no monitor
+    import yaml
+
+    tree = yaml.safe_load((fleet_project / "fleet.yml").read_text())
+    tree["all"]["vars"]["monitoring_enabled"] = False
+    (fleet_project / "off.yml").write_text(yaml.safe_dump(tree))
+    assert frontdoor.monitor_line(str(fleet_project / "off.yml")) is None

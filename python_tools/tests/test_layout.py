@@ -27,11 +27,11 @@ from twinspark import generate, layout, settings
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 DEFAULTS = layout.defaults()
-# The layout role itself and the registry are the defining places; tests, molecule (the simulated pair's test
-# scenario) and prose are not searched.
+# The layout role itself and the registry are the defining places; tests (the alert rules' promtool cases too),
+# molecule (the simulated pair's test scenario) and prose are not searched.
 DEFINING = {"python_tools/twinspark/layout.yml", "roles/twinspark_layout/defaults/main.yml",
             "roles/twinspark_layout/meta/argument_specs.yml"}
-NOT_SEARCHED = ("python_tools/tests/", "molecule/", "docs/")
+NOT_SEARCHED = ("python_tools/tests/", "molecule/", "docs/", "roles/monitoring/files/alerts/tests/")
 
 OVERRIDE_VENV = "/srv/other-venv"
 OVERRIDE_UNIT = "other-rank.service"

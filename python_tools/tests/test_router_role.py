@@ -116,7 +116,7 @@ def render(name, **values):
                 "router_firewall_file": "/etc/twinspark-router/firewall.nft", "router_firewall_ssh_ports": [22],
                 "router_clients_v4": ["127.0.0.0/8", "192.0.2.0/24"], "router_clients_v6": ["::1/128"],
                 "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"],
-                "router_startup_wait_s": 3600}
+                "router_startup_wait_s": 3600, "router_monitoring_ports": []}
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
 
@@ -174,6 +174,15 @@ def test_the_firewall_table_admits_only_the_listed_networks_to_the_router_port()
     assert "table inet twinspark\n" not in table and "flush ruleset" not in table
     rules = table.index("tcp dport 30000 ip saddr")
     assert table.index('tcp dport { 22 } accept comment "SSH is never filtered here"') < rules
+
+
+def test_on_the_monitor_host_the_table_admits_only_the_routers_networks_to_prometheus_and_alertmanager():
+    plain = render("twinspark-router.nft")
+    assert "monitoring:" not in plain
+    table = render("twinspark-router.nft", router_monitoring_ports=["9090", "9093"])
+    assert "tcp dport { 9090, 9093 } ip saddr @clients_v4 accept" in table
+    assert 'tcp dport { 9090, 9093 } counter drop comment "monitoring: only router_allowed_networks"' in table
+    assert table.index("tcp dport { 9090, 9093 } ip saddr") < table.index("tcp dport { 9090, 9093 } counter drop")
 
 
 @pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service",

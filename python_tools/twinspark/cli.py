@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("twinspark.health.command", "check the pair's health (table, --json, --prom-file)"),
     "serve": ("twinspark.launcher", "start this node's vLLM rank from its env files (exec, no shell)"),
     "model": ("twinspark.model", "fetch, verify and describe model weights"),
+    "monitor": ("twinspark.monitoring", "the pair's monitoring: scrape config for an existing Prometheus"),
     "route-check": ("twinspark.netguard",
                     "refuse to dial a simulated-pair address whose route would leave this machine"),
     "plan": ("twinspark.plan", "whether a configuration fits a node's memory (weights, KV cache); exit 0 fits, 2 not"),

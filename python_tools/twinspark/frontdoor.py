@@ -4,7 +4,8 @@ Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook
 ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback =
 playbooks/<verb>.yml. Instead of scrolling logs it shows the current play and task and per-host
 ok/changed/failed counters on one redrawn line, prints each failure as it happens, keeps the run's events under
-./artifacts/<timestamp>/ for post-mortems, and ends with the `twinspark health` table (except after stop). A run's
+./artifacts/<timestamp>/ for post-mortems, names where the pair's Prometheus and Alertmanager answer (role
+monitoring) and ends with the `twinspark health` table (except after stop). A run's
 folder keeps no environment and no --extra-vars value (ansible-runner writes both to its `command` file: they are
 scrubbed after the run), and only the newest --keep-runs folders (20) are kept.
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from twinspark import atomic, netguard
+from twinspark import atomic, monitoring, netguard
 from twinspark import inventory as pair_inventory
 from twinspark.health import command as health
 from twinspark.inventory import default_inventory
@@ -256,6 +257,18 @@ def _route_refusal(inventory: str) -> str | None:
     return None
 
 
+def monitor_line(inventory: str) -> str | None:
+    """Where the inventory's Prometheus and Alertmanager answer (role monitoring, docs/MONITORING.md), in one line;
+    None when it has no monitor host, turns monitoring off, or cannot be read (the playbook names that)."""
+    try:
+        found = monitoring.announced_urls(*pair_inventory.read_hosts(inventory))
+    except (pair_inventory.InventoryError, ValueError):
+        return None
+    if not found:
+        return None
+    return f"monitoring: Prometheus {found['prometheus']}, Alertmanager {found['alertmanager']}"
+
+
 def fleet_pairs(inventory: str) -> list[str]:
     """The pair names of a well-formed fleet inventory of two pairs or more, in inventory order; [] otherwise (a
     one-pair inventory, or one the playbook's own validation must name the problem of)."""
@@ -349,7 +362,12 @@ def _command(args: argparse.Namespace) -> int:
     rc = run_one(["--limit", args.limit] if args.limit else [])
     if rc != 0:
         return rc
-    if args.verb == "stop" or args.no_health or args.check:
+    if args.verb == "stop" or args.check:
+        return 0
+    where = monitor_line(inventory)
+    if where:
+        print(where, file=sys.stderr)
+    if args.no_health:
         return 0
     return health.check_inventory(inventory, timeout=10.0)
 

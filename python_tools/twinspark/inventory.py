@@ -88,6 +88,12 @@ class FleetView:
     problems: tuple[str, ...]
 
 
+def read_hosts(source: str | Path) -> tuple[dict[str, dict[str, object]], dict[str, list[str]]]:
+    """Every host's variables and the groups of an inventory, as Ansible reads them (nothing contacted)."""
+    _, inventory, variables, groups = _load(source)
+    return _host_vars(inventory, variables, groups), groups
+
+
 def read_fleet(source: str | Path) -> FleetView | None:
     """The fleet an inventory describes, or None for a one-pair inventory (which stays on the one-pair path)."""
     _, inventory, variables, groups = _load(source)

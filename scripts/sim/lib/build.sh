@@ -104,6 +104,23 @@ EOC
   log "apt-cacher-ng on $HOST_IP:$ACNG_PORT, pid $(cat "$SIM_DIR/run/acng.pid")"
 }
 
+# The alert receiver on the bridge address (the nodes reach it without a default route); its log is the record.
+alert_receiver_up() {
+  mkdir -p "$SIM_DIR/logs"
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  setsid bash -c 'echo $$ >"$1/run/alert-receiver.pid"; exec python3 "$2/../../python_tools/devtools/alert_receiver.py" --listen "$3" --out "$4"' \
+    _ "$SIM_DIR" "$SIM_SCRIPTS" "$HOST_IP:$ALERT_RECEIVER_PORT" "$ALERT_LOG" \
+    </dev/null >"$SIM_DIR/logs/alert-receiver.log" 2>&1 9>&- &
+  wait_until 15 alert_receiver_listening || { cat "$SIM_DIR/logs/alert-receiver.log" >&2; die "the alert receiver did not listen on $HOST_IP:$ALERT_RECEIVER_PORT within 15 s"; }
+  log "alert receiver on http://$HOST_IP:$ALERT_RECEIVER_PORT/, recording to $ALERT_LOG, pid $(cat "$SIM_DIR/run/alert-receiver.pid")"
+}
+
+ensure_alert_receiver() {
+  if alert_receiver_listening; then log "alert receiver running (pid $(alert_receiver_pid))"; return 0; fi
+  stop_alert_receiver
+  alert_receiver_up
+}
+
 build_base_root() {
   local base=$SIM_DIR/rootfs/base proxy="http://$HOST_IP:$ACNG_PORT" u
   if [ "$(sed -n 1p "$base/etc/twinspark-sim-base" 2>/dev/null)" = "$BASE_PACKAGES" ]; then

@@ -181,6 +181,20 @@ wait_until() {  # wait_until SECONDS CMD...: retry CMD every 0.2 s until it succ
     sleep 0.2
   done
 }
+# The alert receiver (python_tools/devtools/alert_receiver.py): the webhook Alertmanager on the monitor host posts to
+# (inventory/sim's monitoring_alert_webhook_url names this address and port), recording every notification as one
+# JSON line in ALERT_LOG. Standard library only: this machine's python3 runs it.
+ALERT_RECEIVER_PORT=9099
+ALERT_LOG=$SIM_DIR/alerts.jsonl
+alert_receiver_cmdline() { echo "alert_receiver.py --listen $HOST_IP:$ALERT_RECEIVER_PORT --out $ALERT_LOG"; }
+alert_receiver_pid() {
+  local p; p=$(cat "$SIM_DIR/run/alert-receiver.pid" 2>/dev/null) || return 1
+  pid_is "$p" "$(alert_receiver_cmdline)" && echo "$p"
+}
+alert_receiver_listening() {
+  local p; p=$(alert_receiver_pid) || return 1
+  ss -Hltnp "src $HOST_IP:$ALERT_RECEIVER_PORT" | grep -q "pid=$p,"
+}
 acng_cmdline() { echo "apt-cacher-ng -c $SIM_DIR/acng-conf "; }
 acng_pid() {
   local p; p=$(cat "$SIM_DIR/run/acng.pid" 2>/dev/null) || return 1

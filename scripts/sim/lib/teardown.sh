@@ -68,12 +68,25 @@ stop_apt_cache() {
   rm -f "$SIM_DIR/run/acng.pid" "$SIM_DIR/run/acng.daemon.pid"
 }
 
+stop_alert_receiver() {
+  local p
+  # The recorded one, and any other started with our arguments (its PID file lost). The record (ALERT_LOG) stays.
+  for p in $(alert_receiver_pid; pids_with_cmdline "$(alert_receiver_cmdline)"); do
+    kill -0 "$p" 2>/dev/null || continue
+    kill -TERM "$p" 2>/dev/null || true
+    wait_until 10 eval "! kill -0 $p 2>/dev/null" || kill -KILL "$p" 2>/dev/null || true
+    log "alert receiver stopped (pid $p)"
+  done
+  rm -f "$SIM_DIR/run/alert-receiver.pid"
+}
+
 teardown() {
   local purge=${1:-} n
   # Every node either layout builds (ALL_NODES): switching between the pair and the fleet leaves nothing behind.
   for n in "${ALL_NODES[@]}"; do stop_node "$n"; done
   for n in "${ALL_NODES[@]}"; do remove_node_traces "$n"; done
   stop_apt_cache
+  stop_alert_receiver
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
   # The safety net's blackhole routes stay (see safety_net in common.sh): with the bridge gone they are what keeps
   # a late packet for a simulated address on this machine.
