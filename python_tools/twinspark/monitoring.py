@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from twinspark import api, fleet, layout
+import yaml
+
+from twinspark import api, fleet, inventory, layout
 
 MONITOR_GROUP = "twinspark_monitor"
 LISTEN_VAR = "monitoring_listen_address"
@@ -278,7 +280,8 @@ def _is_false(value: object) -> bool:
 
 def problems(host_vars: HostVars, groups: Groups) -> list[str]:
     """What stops role monitoring from working on this inventory, one line each naming the variable and the fix;
-    none when the monitor host's monitoring_enabled is false."""
+    none when the monitor host's monitoring_enabled is false. The role checks them before it touches a host (the
+    inventory's validation does not: a pair serves whatever its monitoring can see)."""
     monitor = monitor_host(host_vars, groups)
     if monitor is None or _is_false(host_vars.get(monitor, {}).get(ENABLED_VAR, True)):
         return []
@@ -287,12 +290,6 @@ def problems(host_vars: HostVars, groups: Groups) -> list[str]:
     if len(chosen) > 1:
         lines.append(f"group {MONITOR_GROUP} has {len(chosen)} hosts ({', '.join(chosen)}); one Prometheus and one "
                      f"Alertmanager serve the whole inventory: keep one host in {MONITOR_GROUP}")
-    listening = [node for pair in pairs(host_vars, groups) for node in pair.hosts] + [monitor]
-    for host in dict.fromkeys(listening):
-        where = address(host, host_vars)
-        if _host_network(where) is None:
-            lines.append(f"{host}: monitoring binds to the management address, and {where!r} (ansible_host) is not "
-                         f"an IP address; set {LISTEN_VAR} for {host} to the address Prometheus should dial")
     monitor_ip = _host_network(address(monitor, host_vars))
     for pair in pairs(host_vars, groups):
         if monitor in pair.hosts or monitor_ip is None:
@@ -437,8 +434,6 @@ def read_record(path: Path) -> dict[str, object] | None:
 
 def snippet(jobs: Sequence[Mapping[str, object]]) -> str:
     """The scrape jobs as a YAML snippet to paste under an existing Prometheus' scrape_configs."""
-    import yaml
-
     header = ("# TwinSpark's scrape jobs (twinspark monitor scrape-config): paste under scrape_configs: of your\n"
               "# prometheus.yml. Your Prometheus' address must be in monitoring_allowed_networks (node exporter)\n"
               "# and vllm_service_api_allowed_networks (the API's /metrics) of the inventory; a ca_file is the\n"
@@ -460,8 +455,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _jobs_from_inventory(source: str) -> list[dict[str, object]]:
-    from twinspark import inventory
-
     host_vars, groups = inventory.read_hosts(source)
     if not pairs(host_vars, groups):
         raise ValueError(f"inventory {source}: no well-formed pair; run playbooks/validate.yml")
@@ -478,9 +471,7 @@ def cmd_scrape_config(args: argparse.Namespace) -> int:
                                  "ansible-playbook playbooks/monitoring.yml first")
             jobs = list(record.get("scrape_configs") or [])
         else:
-            from twinspark.inventory import default_inventory
-
-            jobs = _jobs_from_inventory(args.inventory or default_inventory())
+            jobs = _jobs_from_inventory(args.inventory or inventory.default_inventory())
     except (ValueError, OSError, ImportError) as error:
         print(f"twinspark monitor scrape-config: {error}", file=sys.stderr)
         return 2

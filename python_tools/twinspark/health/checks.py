@@ -379,6 +379,32 @@ def check_knobs(node: str, runtime: Mapping[str, object]) -> CheckResult:
     return ok(node, "knobs", "every set knob is read by the installed runtime")
 
 
+MONITORING_FIX = "rerun ansible-playbook playbooks/monitoring.yml (role monitoring)"
+
+
+def check_monitoring(node: str, monitoring: Mapping[str, object]) -> CheckResult:
+    """What role monitoring runs on this node is running, at which version, and where the pair's Prometheus and
+    Alertmanager answer. `monitoring`: gather.read_monitoring's {record, units} ({error} for a bad record)."""
+    if monitoring.get("error"):
+        return degraded(node, "monitoring", str(monitoring["error"]), MONITORING_FIX)
+    record = monitoring.get("record") or {}
+    units = monitoring.get("units") or {}
+    components = [c for c in record.get("components") or [] if isinstance(c, Mapping)]
+    urls = record.get("monitor") or {}
+    where = (f"Prometheus {urls['prometheus']}, Alertmanager {urls['alertmanager']}"
+             if urls.get("prometheus") and urls.get("alertmanager") else "no monitor host")
+    down = [(c, units.get(str(c.get("unit"))) or {}) for c in components]
+    down = [(c, unit) for c, unit in down if unit.get("ActiveState") != "active"]
+    running = ", ".join(str(c.get("summary") or c.get("name")) for c in components) or "nothing"
+    if down:
+        states = ", ".join(f"{c.get('name')} ({c.get('unit')}) {unit.get('ActiveState') or 'unknown'}"
+                           for c, unit in down)
+        first = str(down[0][0].get("unit", "")).removesuffix(".service")
+        return degraded(node, "monitoring", f"not running: {states}; {where}",
+                        f"see why with journalctl -u {first} -n 40, then {MONITORING_FIX}")
+    return ok(node, "monitoring", f"{running} running; {where}")
+
+
 def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
     """Every per-node check over one node's gathered facts (the `facts` of gather.gather_node)."""
     unit = facts.get("unit") or {}
@@ -397,6 +423,8 @@ def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
         results.append(check_bandwidth(node, facts["bandwidth"]))
     if facts.get("runtime") is not None:
         results.append(check_knobs(node, facts["runtime"]))
+    if facts.get("monitoring") is not None:  # no record: the node runs no monitoring (off, or not deployed yet)
+        results.append(check_monitoring(node, facts["monitoring"]))
     return results
 
 

@@ -27,6 +27,7 @@ from twinspark import (
     gpu,
     installed_runtime,
     layout,
+    monitoring,
     patching,
     runtime_store,
     settings,
@@ -269,6 +270,20 @@ def read_firewall(run: Run = run_command, state_path: Path | None = None) -> dic
     }
 
 
+def read_monitoring(run: Run = run_command, record_path: Path | None = None) -> dict[str, object] | None:
+    """What role monitoring runs on this node (its record: components, versions, URLs) and each component's unit
+    as systemd reports it now; None where the role wrote no record (monitoring off, or not deployed yet)."""
+    try:
+        record = monitoring.read_record(record_path or Path(layout.current().monitoring_record))
+    except (ValueError, OSError) as error:
+        return {"error": str(error)}
+    if record is None:
+        return None
+    components = [c for c in record.get("components") or [] if isinstance(c, dict)]
+    return {"record": record, "units": {str(c["unit"]): read_unit(str(c["unit"]), run)
+                                        for c in components if c.get("unit")}}
+
+
 def fabric_now(sys_root: str = "/sys") -> dict[str, object]:
     """The facts a fabric fingerprint is made of, as the doctor's collector reads them."""
     return {"kernel": os.uname().release, "netdevs": collect.netdevs(sys_root, collect.ipv4_by_netdev()),
@@ -350,6 +365,7 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         "earlyoom": read_unit("earlyoom.service", run),
         "firewall": read_firewall(run),
         "bandwidth": read_bandwidth(env),
+        "monitoring": read_monitoring(run),
         "runtime": {**read_runtime(), "flavour": flavour_of(env), "unread_knobs": read_unread_knobs(env)},
     }
     if profile == "gb10":
