@@ -106,13 +106,17 @@ EOC
 
 # The alert receiver on the bridge address (the nodes reach it without a default route); its log is the record.
 alert_receiver_up() {
+  local receiver=$SIM_SCRIPTS/../../python_tools/devtools/alert_receiver.py
   mkdir -p "$SIM_DIR/logs"
   # shellcheck disable=SC2016  # expanded by the inner shell
-  setsid bash -c 'echo $$ >"$1/run/alert-receiver.pid"; exec python3 "$2/../../python_tools/devtools/alert_receiver.py" --listen "$3" --out "$4"' \
-    _ "$SIM_DIR" "$SIM_SCRIPTS" "$HOST_IP:$ALERT_RECEIVER_PORT" "$ALERT_LOG" \
+  setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$SIM_DIR/run/alert-receiver.pid" \
+    python3 "$receiver" --listen "$HOST_IP:$ALERT_RECEIVER_PORT" --out "$ALERT_LOG" \
     </dev/null >"$SIM_DIR/logs/alert-receiver.log" 2>&1 9>&- &
-  wait_until 15 alert_receiver_listening || { cat "$SIM_DIR/logs/alert-receiver.log" >&2; die "the alert receiver did not listen on $HOST_IP:$ALERT_RECEIVER_PORT within 15 s"; }
-  log "alert receiver on http://$HOST_IP:$ALERT_RECEIVER_PORT/, recording to $ALERT_LOG, pid $(cat "$SIM_DIR/run/alert-receiver.pid")"
+  wait_until 15 alert_receiver_listening || {
+    cat "$SIM_DIR/logs/alert-receiver.log" >&2
+    die "the alert receiver did not listen on $HOST_IP:$ALERT_RECEIVER_PORT within 15 s"
+  }
+  log "alert receiver on http://$HOST_IP:$ALERT_RECEIVER_PORT/ (pid $(alert_receiver_pid)), recording to $ALERT_LOG"
 }
 
 ensure_alert_receiver() {

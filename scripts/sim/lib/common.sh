@@ -181,30 +181,31 @@ wait_until() {  # wait_until SECONDS CMD...: retry CMD every 0.2 s until it succ
     sleep 0.2
   done
 }
+# The harness's own long-running children, each recorded in run/<name>.pid: its PID while its command line is still
+# ours (`recorded_pid NAME CMDLINE`), and whether that process listens on HOST:PORT (`recorded_listening NAME CMDLINE
+# HOST:PORT`).
+recorded_pid() {
+  local p; p=$(cat "$SIM_DIR/run/$1.pid" 2>/dev/null) || return 1
+  pid_is "$p" "$2" && echo "$p"
+}
+recorded_listening() {
+  local p; p=$(recorded_pid "$1" "$2") || return 1
+  ss -Hltnp "src $3" | grep -q "pid=$p,"
+}
 # The alert receiver (python_tools/devtools/alert_receiver.py): the webhook Alertmanager on the monitor host posts to
 # (inventory/sim's monitoring_alert_webhook_url names this address and port), recording every notification as one
 # JSON line in ALERT_LOG. Standard library only: this machine's python3 runs it.
 ALERT_RECEIVER_PORT=9099
 ALERT_LOG=$SIM_DIR/alerts.jsonl
 alert_receiver_cmdline() { echo "alert_receiver.py --listen $HOST_IP:$ALERT_RECEIVER_PORT --out $ALERT_LOG"; }
-alert_receiver_pid() {
-  local p; p=$(cat "$SIM_DIR/run/alert-receiver.pid" 2>/dev/null) || return 1
-  pid_is "$p" "$(alert_receiver_cmdline)" && echo "$p"
-}
+alert_receiver_pid() { recorded_pid alert-receiver "$(alert_receiver_cmdline)"; }
 alert_receiver_listening() {
-  local p; p=$(alert_receiver_pid) || return 1
-  ss -Hltnp "src $HOST_IP:$ALERT_RECEIVER_PORT" | grep -q "pid=$p,"
+  recorded_listening alert-receiver "$(alert_receiver_cmdline)" "$HOST_IP:$ALERT_RECEIVER_PORT"
 }
 acng_cmdline() { echo "apt-cacher-ng -c $SIM_DIR/acng-conf "; }
-acng_pid() {
-  local p; p=$(cat "$SIM_DIR/run/acng.pid" 2>/dev/null) || return 1
-  pid_is "$p" "$(acng_cmdline)" && echo "$p"
-}
+acng_pid() { recorded_pid acng "$(acng_cmdline)"; }
 # Listening on the bridge address, and the listener is the apt-cacher-ng we recorded.
-acng_listening() {
-  local p; p=$(acng_pid) || return 1
-  ss -Hltnp "src $HOST_IP:$ACNG_PORT" | grep -q "pid=$p,"
-}
+acng_listening() { recorded_listening acng "$(acng_cmdline)" "$HOST_IP:$ACNG_PORT"; }
 # The harness's own cgroup directories for a node (cgroup v2 and the v1 name=systemd hierarchy, where present).
 node_cgroup_roots() {
   local h

@@ -56,29 +56,26 @@ remove_node_traces() {
   wait_until 5 eval "! ip link show $(host_veth "$n") >/dev/null 2>&1" || log "$n: host veth still present"
 }
 
-stop_apt_cache() {
+# stop_recorded NAME CMDLINE WHAT: stop the recorded child NAME, and any other started with our CMDLINE (its PID file
+# lost): SIGTERM, SIGKILL after 10 s; then forget its PID file.
+stop_recorded() {
   local p
-  # The recorded one, and any other started with our config (its PID file lost).
-  for p in $(acng_pid; pids_with_cmdline "$(acng_cmdline)"); do
+  for p in $(recorded_pid "$1" "$2"; pids_with_cmdline "$2"); do
     kill -0 "$p" 2>/dev/null || continue
     kill -TERM "$p" 2>/dev/null || true
     wait_until 10 eval "! kill -0 $p 2>/dev/null" || kill -KILL "$p" 2>/dev/null || true
-    log "apt-cacher-ng stopped (pid $p)"
+    log "$3 stopped (pid $p)"
   done
-  rm -f "$SIM_DIR/run/acng.pid" "$SIM_DIR/run/acng.daemon.pid"
+  rm -f "$SIM_DIR/run/$1.pid"
 }
 
-stop_alert_receiver() {
-  local p
-  # The recorded one, and any other started with our arguments (its PID file lost). The record (ALERT_LOG) stays.
-  for p in $(alert_receiver_pid; pids_with_cmdline "$(alert_receiver_cmdline)"); do
-    kill -0 "$p" 2>/dev/null || continue
-    kill -TERM "$p" 2>/dev/null || true
-    wait_until 10 eval "! kill -0 $p 2>/dev/null" || kill -KILL "$p" 2>/dev/null || true
-    log "alert receiver stopped (pid $p)"
-  done
-  rm -f "$SIM_DIR/run/alert-receiver.pid"
+stop_apt_cache() {
+  stop_recorded acng "$(acng_cmdline)" apt-cacher-ng
+  rm -f "$SIM_DIR/run/acng.daemon.pid"
 }
+
+# The record (ALERT_LOG) stays.
+stop_alert_receiver() { stop_recorded alert-receiver "$(alert_receiver_cmdline)" "alert receiver"; }
 
 teardown() {
   local purge=${1:-} n
