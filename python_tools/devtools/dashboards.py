@@ -218,7 +218,7 @@ HEALTH = Row("Health verdict (the head's health textfile)", (
 
 GUARD = Row("Pair guard (its textfile on every node)", (
     Panel("Attempts left", "stat", (Query(f"twinspark_guard_attempts_left{{{PAIR_NODE}}}", "{{node}}"),),
-          "Restarts the guard may still order before it gives up.", width=4, height=4,
+          "Failed ordered restarts left before the guard gives up (0 once it has).", width=4, height=4,
           base_colour="red", thresholds=((1, "orange"), (2, "green"))),
     Panel("Paused", "stat", (Query(f"twinspark_guard_paused{{{PAIR_NODE}}}", "{{node}}"),),
           "An operator paused the guard (`twinspark pair pause`).", width=4, height=4,
