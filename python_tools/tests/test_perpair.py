@@ -175,12 +175,13 @@ def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_the_router_onl
     assert len(pair_plays) >= 6 and head_plays
     assert all(set(hosts) == nodes for hosts in pair_plays), plays
     assert all(set(hosts) == {"spark-a1", "spark-b1"} for hosts in head_plays), plays
-    # the router is reached by its own play only (playbooks/router_service.yml), and by it alone; the validation play
-    # ("all", so that a --limit run is validated too) lists every host but contacts none
+    # the router is reached by its own play (playbooks/router_service.yml) and, as the inventory's monitor host
+    # (twinspark_monitor), by the monitoring play for a monitor outside the pairs (playbooks/monitoring.yml), by them
+    # alone; the validation play ("all", so that a --limit run is validated too) lists every host but contacts none
     assert plays[0][0] == "all" and set(plays[0][1]) == nodes | {"router-1"}
-    # (the router play's hosts are the members of twinspark_router, so its pattern reads as them)
-    assert [hosts for pattern, hosts in plays if pattern != "all" and "router-1" in hosts] == [["router-1"]]
-    assert [pattern for pattern, hosts in plays if hosts == ["router-1"]] == ["router-1"]
+    # (those plays' hosts are the members of their groups, so their patterns read as them)
+    assert [hosts for pattern, hosts in plays if pattern != "all" and "router-1" in hosts] == [["router-1"]] * 2
+    assert [pattern for pattern, hosts in plays if hosts == ["router-1"]] == ["router-1"] * 2
     assert {pattern for pattern, _ in plays} <= {"all", "twinspark_pair", "twinspark_head", "router-1"}
 
 
