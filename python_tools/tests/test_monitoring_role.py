@@ -130,6 +130,22 @@ def test_each_component_binds_the_management_address_and_the_exporter_reads_the_
         assert "\nEnvironmentFile=\n" in sim["node1"][name]
 
 
+def test_every_drop_in_line_is_a_section_a_comment_or_one_directive(sim):
+    """systemd has no comment after a value: a comment joined onto a line (the shared sandbox's last line, as
+    Ansible's trim_blocks once did after the include) turns that directive into an invalid one, which systemd drops
+    (its SystemCallErrorNumber=EPERM gone, the filter killed all three with SIGSYS on the simulated pair)."""
+    import re
+
+    directive = re.compile(r"^[A-Z][A-Za-z]+=[^#]*$")
+    for name in ("prometheus.service.conf", "prometheus-alertmanager.service.conf",
+                 "prometheus-node-exporter.service.conf"):
+        lines = sim["node1"][name].splitlines()
+        odd = [line for line in lines if line and not line.startswith("#") and line != "[Service]"
+               and not directive.match(line)]
+        assert not odd, f"{name}: {odd}"
+        assert "SystemCallErrorNumber=EPERM" in lines, name
+
+
 def test_the_worker_lets_the_monitor_reach_only_its_exporter_and_the_head_its_three_ports(sim):
     worker = json.loads(sim["node2"]["firewall.json"])
     head = json.loads(sim["node1"]["firewall.json"])
