@@ -152,11 +152,12 @@ def test_a_managed_file_is_read_as_the_probe_reads_it_so_the_same_gate_decides(t
     sha1 = __import__("hashlib").sha1(content.encode()).hexdigest()
     read = {"paths": collect.collect(files=[str(layout)])["files"]}
     me = os.getuid()
-    assert read["paths"][str(layout)]["parent_isdir"] is True
+    assert read["paths"][str(layout)]["parent_isdir"] is True and read["paths"][str(layout)]["json_object"] is True
     assert converged.probe_file_converged(read, str(layout), sha1, "0644", str(me), None)
 
     layout.write_text("{not json", encoding="utf-8")
     drifted = {"paths": collect.collect(files=[str(layout)])["files"]}
+    assert drifted["paths"][str(layout)]["json_object"] is False  # what makes playbooks/layout.yml rewrite it
     assert not converged.probe_file_converged(drifted, str(layout), sha1, "0644", str(me), None)
 
     layout.write_text(content, encoding="utf-8")

@@ -463,7 +463,8 @@ def _owner_name(lookup, number: int) -> str | None:
 def file_state(path: str) -> dict:
     """A managed file as a twinspark_probe read reports it (lstat: a link is never followed; the sha1 copy and
     template compare), so the playbook that writes it can gate on this read with the same filter
-    (twinspark_probe_file) and a converged run costs no round trip. Only for small files the project writes."""
+    (twinspark_probe_file) and a converged run costs no round trip; json_object says whether it parses as one JSON
+    object. Only for small files the project writes."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -475,9 +476,14 @@ def file_state(path: str) -> dict:
     if entry["isreg"] and st.st_size <= MAX_ATTRIBUTE_BYTES:
         try:
             with open(path, "rb") as handle:
-                entry["checksum"] = hashlib.sha1(handle.read()).hexdigest()
+                raw = handle.read()
         except OSError:
-            pass
+            return entry
+        entry["checksum"] = hashlib.sha1(raw).hexdigest()
+        try:
+            entry["json_object"] = isinstance(json.loads(raw), dict)
+        except ValueError:
+            entry["json_object"] = False
     return entry
 
 
