@@ -381,10 +381,11 @@ def fault_drift_all(rng: random.Random) -> tuple[str, float]:
 CONTENT_MANAGED = re.compile(r"(\.(service|timer|socket|nft|env|yaml|json|conf)|/twinspark-peer-control)$")
 
 
-# The state directory's entries whose foreign owner the runtime role refuses to take back, by design (another
-# account may have planted them: it stops naming the path and the fix, docs/SECURITY.md row 1). Their owner is not
+# Paths whose foreign owner site.yml refuses to take back, by design, stopping with the path and the fix (another
+# account may have planted them, docs/SECURITY.md rows 1 and 2): the state directory's models, hf and cache, and a
+# model copy (root's audit stops a run when the worker's copy is not the receiving account's). Their owner is not
 # drifted here; their mode is.
-REFUSED_IF_FOREIGN = re.compile(r"^/var/lib/twinspark/(models|hf|cache)$")
+REFUSED_IF_FOREIGN = re.compile(r"^/var/lib/twinspark/(models|hf|cache|models/[^/]+)$")
 
 
 def drift_plan(index: int, path: str, seen: dict) -> list[str]:
