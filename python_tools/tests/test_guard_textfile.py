@@ -241,3 +241,19 @@ def test_the_guards_sandbox_may_write_where_it_writes_by_default():
     writable = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ReadWritePaths=")]
     assert "-{{ twinspark_layout_metrics_dir }}" in writable
     assert os.path.dirname(textfile.default_path()) == layout.default().metrics_dir
+
+
+def test_a_run_whose_probe_answered_keeps_the_head_rank_that_served(tmp_path, metrics_dir):
+    kept: list[str] = []
+
+    class Remembering(SeenPair):
+        def remember_served(self, invocation):
+            kept.append(invocation)
+
+    healthy = Observation("active", "active", Generation.OK, "one token", head_invocation="head-3")
+    args = guard_args(tmp_path)
+    assert guard.run(args, Remembering(healthy), POLICY, pl.KickInbox(), "timer") == 0
+    assert kept == ["head-3"]
+    starting = Observation("active", "active", Generation.NOT_READY, "refused", head_invocation="head-4")
+    guard.run(args, Remembering(starting), POLICY, pl.KickInbox(), "timer")
+    assert kept == ["head-3"]  # only a rank that answered is kept

@@ -283,6 +283,20 @@ def test_restart_order_is_stop_head_stop_worker_start_worker_start_head_then_wai
     assert pair.calls == ["head stop", "worker stop", "worker start", "head start", "probe", "probe"]
 
 
+def test_a_restart_that_serves_keeps_the_head_rank_it_served_with():
+    pair = RecordingPair([(Generation.NOT_READY, "refused"), (Generation.OK, "one token")])
+    kept: list[object] = []
+    pair.head_props = lambda: {"ActiveState": "active", "InvocationID": "head-7"}
+    pair.remember_served = kept.append
+    clock = FakeClock()
+    ok, _ = pl.ordered_restart(pair, 600, 60, poll_s=5, clock=clock, sleep=clock.sleep)
+    assert ok and kept == ["head-7"]
+    kept.clear()
+    pair.probes = [(Generation.NOT_READY, "refused")] * 3
+    ok, _ = pl.wait_serving(pair, 10, 60, poll_s=5, clock=clock, sleep=clock.sleep)
+    assert not ok and kept == []  # a pair that never served keeps nothing
+
+
 def test_restart_stops_after_the_head_when_the_worker_cannot_be_reached_and_starts_the_head_again():
     pair = RecordingPair([], worker_reachable=False)
     ok, outcome = pl.ordered_restart(pair, 600, 60)

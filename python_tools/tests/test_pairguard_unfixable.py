@@ -7,6 +7,7 @@ on 127.0.0.1, the worker's forced command run by /bin/sh."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import subprocess
@@ -321,6 +322,61 @@ def test_an_ordered_start_starts_the_head_seconds_after_the_worker_and_is_still_
     obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=40.0,
                       worker_active_for_s=43.0)
     assert rules.decide(obs, GuardState(), POLICY, T0).verdict is Verdict.STARTING
+
+
+def test_a_head_restarted_alone_soon_after_an_ordered_start_is_a_half_pair_by_its_invocation():
+    # The edge the ranks' ages miss: the firewall unit restarted 50 s after an ordered start, inside the 60 s skew.
+    served = rules.Served("head-a", T0 - 45)  # the ordered start saw head-a serve 5 s after the worker started
+    alone = rules.head_replaced_since_served(served, "head-b", worker_active_for_s=50.0, now=T0)
+    assert alone == pytest.approx(45.0)
+    obs = Observation("active", "active", Generation.NOT_READY, "connection refused", head_active_for_s=2.0,
+                      worker_active_for_s=50.0, head_invocation="head-b", head_alone_s=alone)
+    assert rules.head_started_late_s(obs, POLICY) is None  # the ages alone would wait out the startup grace
+    decision = rules.decide(obs, GuardState(), POLICY, T0)
+    assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
+    assert "started after the pair last served (45 s ago)" in decision.reason and "cannot pair" in decision.reason
+
+
+@pytest.mark.parametrize("served, invocation, worker_for", [
+    (None, "head-b", 50.0),  # nothing kept yet (a pair that never served since the guard came)
+    (rules.Served("head-b", T0 - 45), "head-b", 50.0),  # the head that served is the one running
+    (rules.Served("head-a", T0 - 45), "head-b", 30.0),  # the worker's rank started after the pair served: a new pair
+    (rules.Served("head-a", T0 - 45), "head-b", None),  # an older worker that does not say its age
+    (rules.Served("head-a", T0 - 45), "", 50.0),  # systemd did not say which start of the unit this is
+])
+def test_a_head_is_not_called_alone_without_the_evidence(served, invocation, worker_for):
+    assert rules.head_replaced_since_served(served, invocation, worker_for, T0) is None
+
+
+def test_the_served_record_round_trips_and_an_unreadable_one_is_ignored(tmp_path, capsys):
+    pair = pair_io.Pair(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
+                        served_file=str(tmp_path / "guard" / pair_io.SERVED_FILE_NAME))
+    assert pair.served() is None
+    pair.remember_served("head-a")
+    kept = pair.served()
+    assert kept is not None and kept.head_invocation == "head-a" and abs(kept.at - time.time()) < 60
+    assert oct((tmp_path / "guard" / pair_io.SERVED_FILE_NAME).stat().st_mode & 0o777) == "0o600"
+    pair.remember_served("head-a")  # the same rank again keeps the first time it served
+    assert pair.served() == kept
+    Path(pair.served_file).write_text("{not json")
+    assert pair.served() is None and "ignoring unreadable" in capsys.readouterr().err
+
+
+def test_one_run_calls_a_head_alone_from_the_kept_record_and_the_units(tmp_path, listener):
+    make_netdev(tmp_path, "ic0", "0x1003", "up", "1")
+    answers = {"state-since": "ActiveState=active\nActiveEnterTimestampMonotonic=1000000\nUptime=51\n"}
+
+    class Restarted(ScriptedUnits):
+        def head_props(self):
+            return {"ActiveState": "active", "ActiveEnterTimestampMonotonic": "1", "InvocationID": "head-b"}
+
+    pair = Restarted(tmp_path, listener, Generation.NOT_READY, answers)
+    pair.served_file = str(tmp_path / "served.json")
+    assert pair.observe(120).head_alone_s is None  # nothing kept: the ranks' ages decide
+    rules_served = rules.Served("head-a", time.time() - 40)
+    Path(pair.served_file).write_text(json.dumps(rules.served_to_json(rules_served)))
+    obs = pair.observe(120)
+    assert obs.head_invocation == "head-b" and obs.head_alone_s == pytest.approx(40, abs=5)
 
 
 def test_an_older_worker_that_does_not_say_its_age_leaves_the_old_rule():

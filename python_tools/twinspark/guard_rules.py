@@ -123,6 +123,9 @@ class Observation:
     # whose forced command does not say, or not active)
     fabric_down: str | None = None  # why the link between the nodes is down, in one line; None: up, or not looked at
     cannot_restart: str | None = None  # a cause no restart can cure (the guard's key, the runtime, a full disk)
+    head_invocation: str = ""  # systemd's InvocationID of the head's rank: which start of the unit this is
+    head_alone_s: float | None = None  # `head_replaced_since_served`: the pair served this long ago with the
+    # worker's current rank and an earlier head rank (None: not so, or not known)
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,42 @@ def head_started_late_s(obs: Observation, policy: Policy) -> float | None:
     return late if late > policy.pair_start_skew_s else None
 
 
+@dataclass(frozen=True)
+class Served:
+    """The head's rank the pair last served with (its unit's InvocationID) and when: written by every ordered
+    start or restart once the pair answers, and by a guard run whose probe answered."""
+
+    head_invocation: str
+    at: float  # unix time
+
+
+def head_replaced_since_served(served: Served | None, head_invocation: str, worker_active_for_s: float | None,
+                               now: float) -> float | None:
+    """Seconds since the pair last served, when it served with the worker's current rank and a head rank other than
+    the one running now; None otherwise (no record, the same head rank, a worker rank started since, or a worker
+    that does not say its age).
+
+    That head rank was started alone after the pair served (systemd restarted it with its firewall unit, an admin
+    ran `systemctl restart`): the worker's rank already met the earlier head and never meets this one. Unlike the
+    ranks' ages (`head_started_late_s`), this holds however soon after an ordered start the head was restarted."""
+    if served is None or not head_invocation or not served.head_invocation or worker_active_for_s is None:
+        return None
+    if served.head_invocation == head_invocation or now - worker_active_for_s > served.at:
+        return None
+    return max(0.0, now - served.at)
+
+
+def served_to_json(served: Served) -> dict[str, object]:
+    return asdict(served)
+
+
+def served_from_json(data: Mapping[str, object]) -> Served:
+    invocation, at = data["head_invocation"], data["at"]
+    if not isinstance(invocation, str) or not isinstance(at, int | float):
+        raise ValueError("head_invocation must be a string and at a number")
+    return Served(invocation, float(at))
+
+
 def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
            is_warm: bool = False) -> tuple[Verdict, str]:
     """Judge the pair from one observation, the /metrics progress (`track`) and whether it served since its start.
@@ -274,6 +313,11 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
         return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
     if obs.probe is Generation.OK:
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
+    if obs.head_alone_s is not None:
+        return Verdict.BROKEN, (f"the head's rank was started after the pair last served ({obs.head_alone_s:.0f} s "
+                                f"ago) while the worker's rank kept running, and it does not serve "
+                                f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
+                                "alone, e.g. by systemd with its firewall unit); ordered restart")
     late = head_started_late_s(obs, policy)
     if late is not None:
         return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after the worker's rank and does not serve "

@@ -29,7 +29,7 @@ from twinspark.guard_rules import (
     warm,
 )
 from twinspark.pair import guard, lifecycle, textfile
-from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, Pair, log
+from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, Pair, log
 
 DEFAULT_ENV_FILES = (layout.current().serve_env, layout.current().secrets_env)
 
@@ -47,7 +47,8 @@ def _pair_from_args(args: argparse.Namespace) -> Pair:
     ref = drain.router_from_env(env, api.api_key)
     return Pair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
                 known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
-                fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env)
+                fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env,
+                served_file=str(Path(args.state_file).with_name(SERVED_FILE_NAME)))
 
 
 def _pair_or_none(args: argparse.Namespace, what: str) -> Pair | None:

@@ -214,6 +214,8 @@ def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.K
                    f"worker {worker or 'unreachable'})")
     firewall_missing(log)
     obs = pair.observe(args.probe_timeout, policy, state)
+    if obs.probe is Generation.OK and hasattr(pair, "remember_served"):
+        pair.remember_served(obs.head_invocation)
     if obs.probe is not Generation.OK:
         obs = replace(obs, cannot_restart=restart_blocker(pair))
     now = time.time()

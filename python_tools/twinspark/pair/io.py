@@ -7,6 +7,7 @@ methods); the rules that judge what it sees are pure and live in twinspark.guard
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import drain, systemd
+from twinspark import atomic, drain, systemd
 from twinspark.fabric import sysfs
 from twinspark.guard_rules import (
     FABRIC_PROBE_PORT,
@@ -28,12 +29,16 @@ from twinspark.guard_rules import (
     Observation,
     Policy,
     Sample,
+    Served,
     active_for_s,
     classify_probe,
     connect_problem,
     fabric_problem,
     probe_plan,
     sample_from_metrics,
+    head_replaced_since_served,
+    served_from_json,
+    served_to_json,
     track,
     warm,
     worker_status,
@@ -45,6 +50,10 @@ DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
 # What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2). `state-since`
 # is `state` with the rank's age; an older worker refuses it, and the guard then asks `state`.
 PEER_VERBS = ("state", "state-since", "stop", "start")
+
+# Beside the guard's state file: the head's rank the pair last served with (guard_rules.Served). Kept apart from the
+# state file because `twinspark pair start|restart` writes it too, and only the guard writes its state.
+SERVED_FILE_NAME = "served-head.json"
 
 
 def log(priority: int, message: str) -> None:
@@ -71,16 +80,49 @@ class Pair:
     fabric_port: int = FABRIC_PROBE_PORT
     fabric_timeout_s: float = 1.5
     env: Mapping[str, str] = field(default_factory=dict)  # the head's env files: the planner judges a start with them
+    served_file: str | None = None  # where the head's rank the pair last served with is kept (SERVED_FILE_NAME)
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:
         out = subprocess.run(systemd.show_argv(self.unit, ("ActiveState", "ActiveEnterTimestampMonotonic",
-                                                           "LoadState")),
+                                                           "LoadState", "InvocationID")),
                              capture_output=True, text=True, timeout=30, check=False)
         return systemd.parse_show(out.stdout)
 
     def head(self, verb: str) -> None:
         subprocess.run(["systemctl", verb, self.unit], check=True, timeout=120, capture_output=True, text=True)
+
+    # -- the head's rank the pair last served with --
+    def served(self) -> Served | None:
+        """The record `remember_served` keeps; None when there is none or it cannot be read (then the ranks' ages
+        alone tell a head restarted alone)."""
+        if not self.served_file:
+            return None
+        try:
+            return served_from_json(json.loads(Path(self.served_file).read_text()))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(4, f"ignoring unreadable {self.served_file} ({exc})")
+            return None
+
+    def remember_served(self, head_invocation: str | None = None) -> None:
+        """Keep the head's rank that just served (its InvocationID, read now when not given) and the time, unless it
+        is already the one kept. Never fails the caller: without the record the guard falls back on the ranks' ages."""
+        if not self.served_file:
+            return
+        invocation = head_invocation if head_invocation is not None else self.head_props().get("InvocationID", "")
+        if not invocation:
+            return
+        kept = self.served()
+        if kept is not None and kept.head_invocation == invocation:
+            return
+        text = json.dumps(served_to_json(Served(invocation, time.time()))) + "\n"
+        try:
+            Path(self.served_file).parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_atomic(Path(self.served_file), text.encode("utf-8"), mode=0o600)
+        except OSError as exc:
+            log(4, f"cannot keep the serving head's rank in {self.served_file} ({exc.strerror or exc})")
 
     # -- worker (SSH, forced command) --
     def worker(self, verb: str) -> str | None:
@@ -181,8 +223,13 @@ class Pair:
                     samples.append(self.sample(policy.metrics_timeout_s))
         # Only a pair that does not serve needs the look (and the worker's sshd sees no connect from a healthy one).
         fabric = self.fabric() if probe is not Generation.OK else None
+        invocation = props.get("InvocationID") or ""
+        alone = None
+        if probe is not Generation.OK and head_state == "active":
+            alone = head_replaced_since_served(self.served(), invocation, worker_for, time.time())
         return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples),
-                           worker_active_for_s=worker_for, fabric_down=fabric)
+                           worker_active_for_s=worker_for, fabric_down=fabric, head_invocation=invocation,
+                           head_alone_s=alone)
 
 
 def peer_problem(address: str, port: int, timeout_s: float) -> str | None:

@@ -572,7 +572,8 @@ def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, pol
     next_worker = started
     worker_state: str | None = "active"
     while True:
-        head_state = pair.head_props().get("ActiveState", "unknown")
+        props = pair.head_props()
+        head_state = props.get("ActiveState", "unknown")
         if clock() >= next_worker:
             worker_state = pair.worker("state")
             next_worker = clock() + worker_every_s
@@ -583,6 +584,9 @@ def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, pol
         probe, detail = pair.probe(probe_timeout_s)
         waited = clock() - started
         if probe is Generation.OK:
+            remember = getattr(pair, "remember_served", None)  # a stand-in pair keeps nothing
+            if remember is not None:
+                remember(props.get("InvocationID") or None)
             return True, f"serving again {waited:.0f} s after the head started ({detail})"
         if clock() >= deadline:
             return False, f"not serving {ready_timeout_s:.0f} s after the head started ({detail})"
