@@ -257,3 +257,20 @@ def test_a_run_whose_probe_answered_keeps_the_head_rank_that_served(tmp_path, me
     starting = Observation("active", "active", Generation.NOT_READY, "refused", head_invocation="head-4")
     guard.run(args, Remembering(starting), POLICY, pl.KickInbox(), "timer")
     assert kept == ["head-3"]  # only a rank that answered is kept
+
+
+def test_a_playbooks_check_that_finds_the_pair_serving_keeps_the_head_rank(tmp_path, monkeypatch, capsys):
+    kept: list[str] = []
+
+    class Checked(SeenPair):
+        def remember_served(self, invocation):
+            kept.append(invocation)
+
+    seen = {"obs": Observation("active", "active", Generation.OK, "one token", head_invocation="head-9")}
+    monkeypatch.setattr(pair_cli, "_pair_from_args", lambda args: Checked(seen["obs"]))
+    argv = ["pair", "check", "--worker", "10.78.0.2", "--state-file", str(tmp_path / "state.json")]
+    assert cli.main(argv) == 0 and kept == ["head-9"]
+    seen["obs"] = Observation("active", "active", Generation.NOT_READY, "refused", head_invocation="head-10",
+                              head_active_for_s=3.0, worker_active_for_s=40.0, head_alone_s=30.0)
+    assert cli.main(argv) == 1 and kept == ["head-9"]  # the alone head is broken at once, and not kept
+    assert "started after the pair last served" in capsys.readouterr().out

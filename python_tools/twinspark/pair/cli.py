@@ -119,6 +119,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     policy = _policy_from_args(args)
     state = guard.peek_state(Path(args.state_file))
     obs = pair.observe(args.probe_timeout, policy, state)
+    if obs.probe is Generation.OK:  # a playbook's wait after its ordered start: the head rank the pair serves with
+        pair.remember_served(obs.head_invocation)
     verdict, reason = assess(obs, policy, track(state.progress, obs.samples, policy),
                              warm(state.served_at, obs.head_active_for_s, time.time()))
     if args.json:

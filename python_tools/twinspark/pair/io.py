@@ -100,7 +100,7 @@ class Pair:
             return None
         try:
             return served_from_json(json.loads(Path(self.served_file).read_text()))
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):  # none yet, or a look by an account other than root
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log(4, f"ignoring unreadable {self.served_file} ({exc})")
@@ -121,6 +121,8 @@ class Pair:
         try:
             Path(self.served_file).parent.mkdir(parents=True, exist_ok=True)
             atomic.write_atomic(Path(self.served_file), text.encode("utf-8"), mode=0o600)
+        except PermissionError:  # `pair check` by an account other than root: only root's runs keep it
+            return
         except OSError as exc:
             log(4, f"cannot keep the serving head's rank in {self.served_file} ({exc.strerror or exc})")
 
