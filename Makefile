@@ -19,12 +19,14 @@ $(VENV)/.installed: requirements-dev.txt python_tools/pyproject.toml
 
 setup: $(VENV)/.installed promtool
 
-# promtool runs the alert rules' unit tests in `make test` (python_tools/tests/test_alert_rules.py). It comes with
-# Debian's prometheus package, installed by scripts/install-host-packages so that no Prometheus starts on this machine.
-# As root only, and only when promtool is missing; anyone else gets one line saying how.
+# promtool runs the alert rules' unit tests in `make test` (python_tools/tests/test_alert_rules.py), amtool checks the
+# rendered Alertmanager configuration (test_monitoring_role.py). They come with Debian's prometheus and
+# prometheus-alertmanager packages, installed by scripts/install-host-packages so that neither service starts on this
+# machine. As root only, and only when a tool is missing; anyone else gets one line saying how.
 promtool:
-	@command -v promtool >/dev/null || { if [ "$$(id -u)" = 0 ]; then scripts/install-host-packages prometheus; \
-	  else echo "make setup: promtool is missing (the alert rules' tests are skipped); as root: scripts/install-host-packages prometheus"; fi; }
+	@command -v promtool >/dev/null && command -v amtool >/dev/null || { if [ "$$(id -u)" = 0 ]; then \
+	  scripts/install-host-packages prometheus prometheus-alertmanager; \
+	  else echo "make setup: promtool or amtool is missing (their tests are skipped); as root: scripts/install-host-packages prometheus prometheus-alertmanager"; fi; }
 
 lint: setup
 	ruff check python_tools scripts callback_plugins library
