@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -112,6 +112,12 @@ SEED ?= 1
 ROUNDS ?= 40
 sim-chaos: setup
 	python3 scripts/sim/chaos.py --seed $(SEED) --rounds $(ROUNDS)
+
+# The wedge alert on a serving simulated pair (make demo first; docs/MONITORING.md): 6 long generations fire nothing,
+# then the worker frozen under a client with the guard paused fires TwinSparkRankWedged, which resolves once the
+# worker continues. About 8 minutes.
+sim-alert-check: setup
+	python3 scripts/sim/alert-check
 
 # Every kind of drift at once on a serving simulated pair (modes, owners, contents, a link target, over both nodes):
 # one site.yml must restore each path exactly as the converged node had it, and a second run must change nothing.
