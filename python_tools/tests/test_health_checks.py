@@ -125,6 +125,7 @@ def _iface(**change):
         (_iface(operstate="DOWN", up=False), FAILED, "ic0 is down (operstate DOWN)"),
         (_iface(addresses=["10.77.0.9"]), FAILED, "VLLM_HOST_IP 10.77.0.2 is not on ic0"),
         (_iface(mtu=1500), DEGRADED, "ic0 MTU 1500"),
+        (dict(_iface(speed_mbps=100_000), expected_speed_mbps=200_000), DEGRADED, "ic0 at 100 Gb/s, not 200"),
         (dict(FABRIC_OK, gid={"error": "no member has a RoCE v2 GID"}), FAILED, "no usable RoCE v2 GID"),
         ({"interfaces": []}, FAILED, "NCCL_SOCKET_IFNAME is empty"),
         ({"error": "ip: not found"}, FAILED, "cannot read the fabric interfaces"),
@@ -135,6 +136,12 @@ def test_fabric_problems(facts, status, words):
     assert result.status == status
     assert words in result.message
     assert result.fix
+
+
+def test_the_link_speed_is_judged_only_where_a_speed_is_expected_and_read():
+    assert checks.check_fabric("node2", dict(_iface(speed_mbps=200_000), expected_speed_mbps=200_000)).status == OK
+    assert checks.check_fabric("node2", dict(_iface(speed_mbps=10_000), expected_speed_mbps=None)).status == OK
+    assert checks.check_fabric("node2", dict(_iface(speed_mbps=None), expected_speed_mbps=200_000)).status == OK
 
 
 def test_env_files_valid():

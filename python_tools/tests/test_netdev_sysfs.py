@@ -11,7 +11,8 @@ from twinspark.fabric import sysfs
 from twinspark.health import checks, gather, report
 
 
-def make_netdev(root: Path, name: str, flags: str, operstate: str, mtu: int, carrier: str | None) -> None:
+def make_netdev(root: Path, name: str, flags: str, operstate: str, mtu: int, carrier: str | None,
+                speed: str | None = None) -> None:
     """A /sys/class/net/<name> directory shaped like the kernel's (handshaped, not recorded)."""
     base = root / name
     base.mkdir(parents=True)
@@ -20,6 +21,8 @@ def make_netdev(root: Path, name: str, flags: str, operstate: str, mtu: int, car
     (base / "mtu").write_text(f"{mtu}\n")
     if carrier is not None:
         (base / "carrier").write_text(f"{carrier}\n")
+    if speed is not None:
+        (base / "speed").write_text(f"{speed}\n")
 
 
 def addresses(table):
@@ -31,6 +34,24 @@ def test_an_interface_up_with_carrier_reads_as_ip_shows_it(tmp_path):
     state = sysfs.read_link("ic0", tmp_path, addresses({"ic0": ["10.77.0.1"]}))
     assert state.exists and state.up and state.mtu == 9000 and state.operstate == "UP"
     assert state.ipv4 == ("10.77.0.1",)
+
+
+@pytest.mark.parametrize(("speed", "read"), [("200000", 200000), ("-1", None), (None, None)])
+def test_the_negotiated_speed_is_read_with_a_carrier(tmp_path, speed, read):
+    make_netdev(tmp_path, "ic0", "0x1003", "up", 9000, "1", speed)
+    assert sysfs.read_link("ic0", tmp_path, addresses({})).speed_mbps == read
+
+
+def test_a_gb10_link_that_came_up_at_100g_is_degraded_and_the_cpu_profile_does_not_judge_speed(tmp_path):
+    make_netdev(tmp_path, "ic0", "0x1003", "up", 9000, "1", "100000")
+    env = {"NCCL_SOCKET_IFNAME": "ic0", "VLLM_HOST_IP": "10.77.0.1"}
+
+    def read(name):
+        return sysfs.read_link(name, tmp_path, addresses({"ic0": ["10.77.0.1"]}))
+
+    slow = checks.check_fabric("node1", gather.read_fabric(env, gb10=True, read_link=read))
+    assert slow.status == checks.DEGRADED and "ic0 at 100 Gb/s, not 200" in slow.message and "ethtool" in slow.fix
+    assert checks.check_fabric("node1", gather.read_fabric(env, gb10=False, read_link=read)).status == checks.OK
 
 
 def test_an_interface_without_carrier_is_down(tmp_path):

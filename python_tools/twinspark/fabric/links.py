@@ -31,6 +31,7 @@ class LinkState:
     flags: tuple[str, ...] = ()
     mtu: int | None = None
     ipv4: tuple[str, ...] = field(default_factory=tuple)
+    speed_mbps: int | None = None  # the negotiated speed (sysfs `speed`); None: not up, or the driver does not say
 
     @property
     def up(self) -> bool:

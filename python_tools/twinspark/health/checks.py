@@ -42,6 +42,9 @@ RESTART_HINT = "restart both ranks, worker first: ansible-playbook playbooks/res
 MIN_DRIVER_MAJOR = 580
 # Jumbo frames on every fabric hop: MTU 9000, well above 1500 in NCCL bus bandwidth (docs/FABRIC.md).
 FABRIC_MTU = 9000
+# The QSFP link between two Sparks' ConnectX-7 ports negotiates 200 GbE; less is a cable or port that came up slower
+# (docs/FABRIC.md). Only the gb10 profile checks it (the simulated pair's veth links say 10000).
+FABRIC_SPEED_MBPS_GB10 = 200_000
 # Disk below these on the cache/state filesystem: JIT and compile caches stop fitting (degraded), then writes fail.
 DISK_DEGRADED_BYTES = 10 * 2**30
 DISK_FAILED_BYTES = 2 * 2**30
@@ -201,9 +204,9 @@ def check_gpu(node: str, gpu: Mapping[str, object]) -> CheckResult:
 def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
     """The interconnect interface(s) this node's vLLM uses: present, up, addressed, jumbo frames, GID resolvable.
 
-    `fabric` holds `interfaces` (list of {ifname, exists, up, operstate, mtu, addresses}), `expected_address` (the
-    node's VLLM_HOST_IP, or empty), `error` (the interface list could not be read) and, on gb10, `gid` as
-    {index} or {error}.
+    `fabric` holds `interfaces` (list of {ifname, exists, up, operstate, mtu, addresses, speed_mbps}),
+    `expected_address` (the node's VLLM_HOST_IP, or empty), `expected_speed_mbps` (gb10's 200 GbE, or None: not
+    checked), `error` (the interface list could not be read) and, on gb10, `gid` as {index} or {error}.
     """
     if fabric.get("unknown"):
         return unknown(node, "fabric", f"could not look at the fabric interfaces: {fabric['unknown']}",
@@ -218,6 +221,7 @@ def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
     expected = str(fabric.get("expected_address") or "")
     problems: list[str] = []
     small_mtu: list[str] = []
+    slow: list[str] = []
     addresses: list[str] = []
     for iface in interfaces:
         name = iface.get("ifname")
@@ -230,6 +234,9 @@ def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
         mtu = int(iface.get("mtu") or 0)
         if mtu < FABRIC_MTU:
             small_mtu.append(f"{name} MTU {mtu}")
+        speed, wanted = iface.get("speed_mbps"), fabric.get("expected_speed_mbps")
+        if isinstance(speed, int) and isinstance(wanted, int) and speed < wanted:
+            slow.append(f"{name} at {speed // 1000} Gb/s, not {wanted // 1000}")
         addresses.extend(iface.get("addresses") or [])
     if expected and expected not in addresses:
         names = ", ".join(str(i.get("ifname")) for i in interfaces)
@@ -245,6 +252,9 @@ def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
     if small_mtu:
         return degraded(node, "fabric", f"{'; '.join(small_mtu)} (jumbo frames lost: NCCL bandwidth drops)",
                         f"set the fabric MTU to {FABRIC_MTU} on every hop (spark_fabric_mtu) and rerun site.yml")
+    if slow:
+        return degraded(node, "fabric", f"{'; '.join(slow)} (the link came up slower: NCCL bandwidth drops)",
+                        "reseat or replace the QSFP cable; `ethtool <interface>` on both nodes must say 200000Mb/s")
     return ok(node, "fabric", f"{names}, {expected or ', '.join(addresses)}{gid_note}")
 
 

@@ -37,6 +37,7 @@ from twinspark import (
 from twinspark import model as checkpoint
 from twinspark.doctor import bandwidth, collect
 from twinspark.fabric import gid, links, sysfs
+from twinspark.health import checks
 
 SERVE_ENV = Path(layout.current().serve_env)
 SECRETS_ENV = Path(layout.current().secrets_env)
@@ -199,8 +200,10 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
         except (OSError, ValueError, sysfs.SysfsError) as error:
             return {"unknown": f"cannot look at {name}: {error}"}
         interfaces.append({"ifname": name, "exists": state.exists, "up": state.up, "operstate": state.operstate,
-                           "mtu": state.mtu, "addresses": list(state.ipv4)})
-    facts: dict[str, object] = {"interfaces": interfaces, "expected_address": env.get("VLLM_HOST_IP", "")}
+                           "mtu": state.mtu, "addresses": list(state.ipv4),
+                           "speed_mbps": getattr(state, "speed_mbps", None)})
+    facts: dict[str, object] = {"interfaces": interfaces, "expected_address": env.get("VLLM_HOST_IP", ""),
+                                "expected_speed_mbps": checks.FABRIC_SPEED_MBPS_GB10 if gb10 else None}
     if gb10 and env.get("NCCL_IB_HCA"):
         try:
             # The launcher's order (GID_MATCH_IP, the socket interface's address, VLLM_HOST_IP, ...), with the
