@@ -135,7 +135,8 @@ build_base_root() {
   mkdir -p "$SIM_DIR/rootfs"
   # Through the host's apt cache, so a rebuild on the same machine downloads nothing.
   timeout 900 mmdebstrap --variant=apt --include="$BASE_PACKAGES" \
-    --aptopt="Acquire::http::Proxy \"$proxy\"" \
+    --aptopt="Acquire::http::Proxy \"$proxy\"" --aptopt='Acquire::http::Timeout "30"' \
+    --aptopt='Acquire::Retries "3"' \
     "$SUITE" "$base" "deb $MIRROR $SUITE main" >"$SIM_DIR/logs/mmdebstrap.log" 2>&1 \
     || die "mmdebstrap failed; see $SIM_DIR/logs/mmdebstrap.log"
   rm -f "$base/etc/apt/apt.conf.d/99mmdebstrap"
@@ -145,7 +146,14 @@ deb $MIRROR $SUITE-updates main
 deb http://deb.debian.org/debian-security $SUITE-security main
 EOS
   # The nodes have no route off the private ranges: apt goes through the cache on the host's bridge address.
-  echo "Acquire::http::Proxy \"$proxy\";" >"$base/etc/apt/apt.conf.d/01twinspark-sim-proxy"
+  # Every fetch bounded: a fleet converge once waited 20 minutes on an http method holding a connection the cache had
+  # closed (CLOSE-WAIT). With a read timeout the method fails, and apt (and Ansible's apt module) fetch again.
+  cat >"$base/etc/apt/apt.conf.d/01twinspark-sim-proxy" <<EOS
+Acquire::http::Proxy "$proxy";
+Acquire::http::Timeout "30";
+Acquire::http::Pipeline-Depth "0";
+Acquire::Retries "3";
+EOS
   printf '# twinspark-sim: no DNS in the nodes; names are in /etc/hosts\noptions timeout:1 attempts:1\n' \
     >"$base/etc/resolv.conf"
   # Timers that take the dpkg lock in the middle of a playbook run, and units with no meaning in a container.
