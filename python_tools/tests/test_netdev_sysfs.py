@@ -42,6 +42,13 @@ def test_the_negotiated_speed_is_read_with_a_carrier(tmp_path, speed, read):
     assert sysfs.read_link("ic0", tmp_path, addresses({})).speed_mbps == read
 
 
+def test_a_speed_that_cannot_be_read_leaves_the_link_judged_on_the_rest(tmp_path):
+    make_netdev(tmp_path, "ic0", "0x1003", "up", 9000, "1")
+    (tmp_path / "ic0" / "speed").mkdir()  # not a regular file: refused, as an attribute the kernel will not show
+    state = sysfs.read_link("ic0", tmp_path, addresses({}))
+    assert state.up and state.mtu == 9000 and state.speed_mbps is None
+
+
 def test_a_gb10_link_that_came_up_at_100g_is_degraded_and_the_cpu_profile_does_not_judge_speed(tmp_path):
     make_netdev(tmp_path, "ic0", "0x1003", "up", 9000, "1", "100000")
     env = {"NCCL_SOCKET_IFNAME": "ic0", "VLLM_HOST_IP": "10.77.0.1"}

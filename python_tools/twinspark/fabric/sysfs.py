@@ -198,8 +198,12 @@ def read_link(name: str, class_net: Path = CLASS_NET,
         flags.append("LOWER_UP")
     elif up:
         flags.append("NO-CARRIER")
-    # speed likewise needs a carrier; a virtual link without one reads -1 (or refuses).
-    speed = _read(base / "speed") if carrier == "1" else None
+    # speed likewise needs a carrier; a virtual link without one reads -1 (or refuses). Only a finding's detail:
+    # a speed that cannot be read leaves the link judged on the rest.
+    try:
+        speed = _read(base / "speed") if carrier == "1" else None
+    except SysfsError:
+        speed = None
     return LinkState(name=name, exists=True, operstate=operstate.upper(), flags=tuple(flags),
                      mtu=int(mtu_text) if mtu_text.isdigit() else None, ipv4=tuple(addresses(name)),
                      speed_mbps=int(speed) if speed and speed.isdigit() and int(speed) > 0 else None)
