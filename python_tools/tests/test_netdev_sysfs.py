@@ -44,7 +44,7 @@ def test_the_negotiated_speed_is_read_with_a_carrier(tmp_path, speed, read):
 
 def test_a_speed_that_cannot_be_read_leaves_the_link_judged_on_the_rest(tmp_path):
     make_netdev(tmp_path, "ic0", "0x1003", "up", 9000, "1")
-    (tmp_path / "ic0" / "speed").mkdir()  # not a regular file: refused, as an attribute the kernel will not show
+    (tmp_path / "ic0" / "speed").write_text("1" * (sysfs.MAX_ATTRIBUTE_BYTES + 1))  # larger than an attribute: refused
     state = sysfs.read_link("ic0", tmp_path, addresses({}))
     assert state.up and state.mtu == 9000 and state.speed_mbps is None
 
