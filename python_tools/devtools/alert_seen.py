@@ -33,6 +33,20 @@ def first_seen(lines: list[str], alert: str, status: str, since: float) -> float
     return None
 
 
+def wait_seen(out: Path, alert: str, status: str, since: float, timeout_s: float, poll_s: float = 1.0) -> float | None:
+    """Wait at most `timeout_s` for `first_seen` in the receiver's file `out`; its received_at, or None."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            lines = out.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []
+        seen = first_seen(lines, alert, status, since)
+        if seen is not None or time.monotonic() >= deadline:
+            return seen
+        time.sleep(poll_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="alert_seen.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="the receiver's JSON lines file")
@@ -41,21 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--since", type=float, required=True, help="Unix time; earlier notifications do not count")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default %(default)s)")
     args = parser.parse_args(argv)
-    deadline = time.monotonic() + args.timeout
-    while True:
-        try:
-            lines = args.out.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            lines = []
-        seen = first_seen(lines, args.alert, args.status, args.since)
-        if seen is not None:
-            print(f"{args.alert} {args.status} received {seen - args.since:.1f} s after --since")
-            return 0
-        if time.monotonic() >= deadline:
-            print(f"{args.alert} {args.status}: no notification in {args.out} within {args.timeout:.0f} s",
-                  file=sys.stderr)
-            return 1
-        time.sleep(1)
+    seen = wait_seen(args.out, args.alert, args.status, args.since, args.timeout)
+    if seen is not None:
+        print(f"{args.alert} {args.status} received {seen - args.since:.1f} s after --since")
+        return 0
+    print(f"{args.alert} {args.status}: no notification in {args.out} within {args.timeout:.0f} s", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -32,3 +32,16 @@ def test_the_command_says_the_delay_or_names_what_it_waited_for(tmp_path, capsys
     assert "TwinSparkPairDown resolved: no notification" in capsys.readouterr().err
     assert alert_seen.main(["--out", str(tmp_path / "none.jsonl"), "--alert", "X", "--status", "firing",
                             "--since", "0", "--timeout", "0"]) == 1
+
+
+def test_the_wait_sees_a_notification_written_while_it_waits(tmp_path):
+    import threading
+
+    out = tmp_path / "alerts.jsonl"  # the receiver has written nothing yet
+    writer = threading.Timer(0.3, lambda: out.write_text(_line(130.0, "resolved") + "\n"))
+    writer.start()
+    try:
+        assert alert_seen.wait_seen(out, "TwinSparkPairDown", "resolved", 100.0, 10.0, poll_s=0.05) == 130.0
+    finally:
+        writer.join()
+    assert alert_seen.wait_seen(out, "TwinSparkPairDown", "firing", 100.0, 0.2, poll_s=0.05) is None
