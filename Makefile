@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -126,3 +126,9 @@ sim-alert-check: setup
 sim-drift: setup
 	python3 scripts/sim/chaos.py --seed 0 --rounds 1 --faults drift-all
 	python3 scripts/sim/chaos.py --seed 0 --rounds 1 --faults drift-every
+
+# Speculative decoding on a serving simulated pair (make demo first; docs/MONITORING.md): site.yml with ngram drafting
+# on, completions for 100 s, the head's spec-decode counters and every dashboard panel with data (the speculative-
+# decoding one included), then site.yml as the inventory says. About 8 minutes (two ordered restarts).
+sim-spec-check: setup
+	python3 scripts/sim/spec-check

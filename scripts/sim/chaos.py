@@ -83,6 +83,7 @@ class Client:
 
     key: str
     max_tokens: int = 2
+    prompt: str = "chaos"
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -94,7 +95,7 @@ class Client:
             ok = False
             try:
                 reply = http.post(f"{HEAD_URL}/v1/completions", headers=headers, timeout=20 + self.max_tokens / 5,
-                                  json={"model": "tiny", "prompt": "chaos", "max_tokens": self.max_tokens,
+                                  json={"model": "tiny", "prompt": self.prompt, "max_tokens": self.max_tokens,
                                         "ignore_eos": True})
                 ok = reply.status_code == 200
             except Exception:  # noqa: BLE001 - any failure is a failed request
@@ -276,9 +277,10 @@ def fault_guard_killed(rng: random.Random) -> tuple[str, float]:
     return "worker SIGKILLed, then the guard SIGKILLed in the middle of its ordered restart", time.time()
 
 
-def site_yml(record: Path | None = None) -> tuple[int, int]:
+def site_yml(record: Path | None = None, extra: tuple[str, ...] = ()) -> tuple[int, int]:
     """One site.yml run under the pair's lock: (exit code, changed count of the recap). `record`: also write there
-    every path the roles' probes declared, per host (scripts/sim/ansible_plugins/twinspark_probed_paths.py)."""
+    every path the roles' probes declared, per host (scripts/sim/ansible_plugins/twinspark_probed_paths.py);
+    `extra`: more ansible-playbook arguments (`-e name=value`)."""
     playbook = Path(sys.executable).parent / "ansible-playbook"  # the venv's, next to this interpreter
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
            "PATH": f"{playbook.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -286,7 +288,7 @@ def site_yml(record: Path | None = None) -> tuple[int, int]:
         env.update(ANSIBLE_CALLBACK_PLUGINS=f"{ROOT / 'callback_plugins'}{os.pathsep}{SIM / 'ansible_plugins'}",
                    ANSIBLE_CALLBACKS_ENABLED="twinspark_probed_paths", TWINSPARK_PROBED_PATHS=str(record))
     out = subprocess.run(["flock", "-w", "600", "/var/tmp/twinspark-sim.lock", "timeout", "1500", str(playbook),
-                          "-i", str(ROOT / "inventory" / "sim"), str(ROOT / "site.yml")],
+                          "-i", str(ROOT / "inventory" / "sim"), str(ROOT / "site.yml"), *extra],
                          capture_output=True, text=True, cwd=ROOT, env=env, check=False)
     changed = sum(int(n) for n in re.findall(r"changed=(\d+)", out.stdout))
     return out.returncode, changed
