@@ -84,19 +84,23 @@ class Client:
     key: str
     max_tokens: int = 2
     prompt: str = "chaos"
+    # None: the server's sampling; 0: greedy (the tiny model then repeats itself, which ngram drafting needs).
+    temperature: float | None = None
     outcomes: list[tuple[float, bool]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         http = api.session()
         headers = api.auth_headers(self.key or None)
+        body = {"model": "tiny", "prompt": self.prompt, "max_tokens": self.max_tokens, "ignore_eos": True}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
         while not self.stop.is_set():
             started = time.time()
             ok = False
             try:
                 reply = http.post(f"{HEAD_URL}/v1/completions", headers=headers, timeout=20 + self.max_tokens / 5,
-                                  json={"model": "tiny", "prompt": self.prompt, "max_tokens": self.max_tokens,
-                                        "ignore_eos": True})
+                                  json=body)
                 ok = reply.status_code == 200
             except Exception:  # noqa: BLE001 - any failure is a failed request
                 ok = False
