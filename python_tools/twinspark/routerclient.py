@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from twinspark import api
+from twinspark import api, routerlaunch
 
 # Every path vllm-router 0.1.17 serves (its src/server.rs build_app: protected, public, admin and worker routes), plus
 # one it does not (handled by its transparent-proxy fallback): each must refuse a request without the fleet's key.
@@ -32,6 +32,9 @@ ROUTER_PATHS = [
     ("POST", "/finish_session?session_id=s"), ("POST", "/workers"), ("GET", "/workers"), ("GET", "/workers/x"),
     ("DELETE", "/workers/x"), ("GET", "/metrics"), ("GET", "/no-such-path"),
 ]
+
+# The admin paths among them (routerlaunch.ADMIN_PATHS: the front lets only the admin key through).
+ROUTER_ADMIN_PATHS = [(method, path) for method, path in ROUTER_PATHS if routerlaunch.is_admin_path(path)]
 
 # Well-formed bodies, so that the refusal comes from the key check and not from the router's body parsing
 # (a malformed body is answered 422 before the handler, and so before the key check, runs).
