@@ -38,6 +38,7 @@ import hmac
 import http.client
 import json
 import posixpath
+import socket
 import sys
 import threading
 import urllib.parse
@@ -263,9 +264,11 @@ def front_server(listen: str, upstream: str, client_keys: list[str], admin_keys:
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _relay
 
-    server = ThreadingHTTPServer(_split_listen(listen), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in _split_listen(listen)[0] else socket.AF_INET
+        daemon_threads = True
+
+    return Server(_split_listen(listen), Handler)
 
 
 def router_kwargs(router_argv: list[str], key_check_urls: list[str], worker_key: str | None = None) -> dict:
