@@ -142,7 +142,7 @@ def test_the_router_unit_needs_the_key_check_and_lists_every_pair():
     # behind its front: loopback only, on its own port
     assert (argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]) == ("127.0.0.1", "30001")
     assert "BindsTo=twinspark-router-keycheck.service" in unit
-    assert "Wants=twinspark-router-front.service" in unit
+    assert "Wants=twinspark-router-front.service" in unit and "Upholds=twinspark-router-front.service" in unit
     assert "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit and "CapabilityBoundingSet=\n" in unit
 
 

@@ -55,9 +55,10 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/flush_cache", "/get_loads",
                          "/scheduling/diagnostics"})
 ADMIN_PREFIXES = ("/workers/", "/scheduling/")
-# Headers that describe one connection, never forwarded (RFC 9110 7.6.1); the front sets its own framing.
+# Headers that describe one connection, never forwarded (RFC 9110 7.6.1); the front sets its own framing and has
+# answered a client's Expect: 100-continue itself.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-                        "te", "trailer", "transfer-encoding", "upgrade", "content-length", "host"})
+                        "te", "trailer", "transfer-encoding", "upgrade", "content-length", "host", "expect"})
 
 
 def read_keys(path: Path) -> list[str]:
