@@ -1,7 +1,9 @@
 """Loopback drills with the real vllm-router 0.1.17 and two handshaped pairs (devtools.handshaped_openai).
 
-Everything listens on 127.0.0.1. `Drill` starts the key check, two backends (separate processes, so a SIGKILL is
-a real one) and the router through routerlaunch.py with the flags roles/router uses (`ROUTER_FLAGS`), then:
+Everything listens on 127.0.0.1. `Drill` starts the key check (client and admin key), two backends (separate
+processes, so a SIGKILL is a real one), the router through routerlaunch.py with the flags roles/router uses
+(`ROUTER_FLAGS`) on a port of its own, and the front in front of it (routerlaunch.front_server, as roles/router
+runs it): `base` is the front, where clients connect; `router_base` the router itself. Then:
 
   kill   a bounded client loop; at `kill_at` one backend gets SIGKILL, at `back_at` it is started again on the
          same port. Figures: failed/total, seconds from the kill until the router marks it unhealthy (eject), and
@@ -34,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 # Started as a script, as roles/router runs it on the router node.
 LAUNCHER = Path(routerlaunch.__file__).resolve()
 KEY = "drill-test-only-key"
+# The router's admin key (the front lets only it through to the admin paths), as the fleet's drain sends it.
+ADMIN_KEY = "drill-test-only-admin-key"
 
 # The flags roles/router renders (routerconf.flags: policy, health checks, retries, circuit breaker).
 ROUTER_FLAGS = routerconf.flags()
@@ -78,6 +82,8 @@ class Drill:
         self.delay_s = delay_s
         self.ports = {"a": free_port(), "b": free_port()}
         self.router_port, self.metrics_port, self.keycheck_port = free_port(), free_port(), free_port()
+        self.upstream_port = free_port()
+        self.front = None
         self.extra_flags = extra_flags or []
         self.log_dir = log_dir
         self.backends: dict[str, subprocess.Popen] = {}
@@ -86,7 +92,13 @@ class Drill:
 
     @property
     def base(self) -> str:
+        """The front: where clients connect."""
         return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def router_base(self) -> str:
+        """vllm-router itself, behind the front."""
+        return f"http://127.0.0.1:{self.upstream_port}"
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -115,8 +127,11 @@ class Drill:
         proc.wait(timeout=10)
 
     def __enter__(self) -> Drill:
-        self.keycheck = routerlaunch.keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY])
+        self.keycheck = routerlaunch.keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY, ADMIN_KEY])
         threading.Thread(target=self.keycheck.serve_forever, daemon=True).start()
+        self.front = routerlaunch.front_server(f"127.0.0.1:{self.router_port}", f"127.0.0.1:{self.upstream_port}",
+                                               [KEY], [ADMIN_KEY], upstream_timeout_s=150)
+        threading.Thread(target=self.front.serve_forever, daemon=True).start()
         for name in self.ports:
             self.start_backend(name)
         self.start_router()
@@ -127,7 +142,7 @@ class Drill:
         self.router = subprocess.Popen(
             [self.python, str(LAUNCHER), "serve", "--key-check-url", f"http://127.0.0.1:{self.keycheck_port}/",
              *(["--worker-key-file", str(self.worker_key_file)] if self.worker_key_file else []),
-             "--", "--host", "127.0.0.1", "--port", str(self.router_port),
+             "--", "--host", "127.0.0.1", "--port", str(self.upstream_port),
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
              "--worker-urls", self.url("a"), self.url("b"), *ROUTER_FLAGS, *self.extra_flags],
             stdout=self._log("router"), stderr=subprocess.STDOUT)
@@ -154,9 +169,10 @@ class Drill:
                 self.router.wait(timeout=10)
         for name in list(self.backends):
             self.kill_backend(name)
-        if self.keycheck is not None:
-            self.keycheck.shutdown()
-            self.keycheck.server_close()
+        for server in (self.front, self.keycheck):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
 
     def health(self) -> dict[str, bool]:
         status, text = routerclient.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
@@ -214,8 +230,8 @@ class Drill:
             try:
                 if step == "out":
                     if mode == "drain":
-                        status, _ = routerclient.request(self.base, f"/remove_worker?url={self.url(victim)}", KEY,
-                                                        "POST")
+                        status, _ = routerclient.request(self.base, f"/remove_worker?url={self.url(victim)}",
+                                                         ADMIN_KEY, "POST")
                         actions.append(f"remove_worker {status}")
                         # the requests already sent to the victim finish before it is touched
                         time.sleep(2 * self.delay_s + 0.2)
@@ -233,8 +249,8 @@ class Drill:
                     marks["back"] = time.monotonic()
                     marks["served_at_back"] = self.served_by(victim)
                     if mode == "drain":
-                        status, _ = routerclient.request(self.base, f"/add_worker?url={self.url(victim)}", KEY,
-                                                        "POST", timeout_s=130)
+                        status, _ = routerclient.request(self.base, f"/add_worker?url={self.url(victim)}",
+                                                         ADMIN_KEY, "POST", timeout_s=130)
                         actions.append(f"add_worker {status}")
             except Exception as error:  # noqa: BLE001 - reported in the figures, never hidden
                 actions.append(f"{step} failed: {error}")

@@ -412,3 +412,35 @@ def test_a_pair_left_out_by_a_failed_restart_goes_back_on_the_first_healthy_guar
     head.calls.clear()
     assert cli.main(["pair", "guard", *routed["args"]]) == 0
     assert head.calls == ["router list_workers"], "a listed pair is only looked at"
+
+
+def test_the_drain_key_is_the_files_first_key_and_none_without_one(tmp_path: Path):
+    path = tmp_path / "router-drain.key"
+    assert drain.read_key(path) is None
+    path.write_text("# the router's admin key\n\nadmin-test-only-key\nsecond\n")
+    assert drain.read_key(path) == "admin-test-only-key"
+    path.write_text("\n# nothing\n")
+    assert drain.read_key(path) is None
+    path.write_bytes(b"k" * (drain.MAX_KEY_FILE_BYTES + 1))
+    assert drain.read_key(path) is None
+
+
+def test_the_pair_verbs_drain_with_the_routers_admin_key_never_the_pairs_api_key(tmp_path: Path, monkeypatch):
+    """`twinspark pair` (and so the guard) builds its router from the env files and the head's drain key file: the
+    pair's API key would be refused (403) by the router's front on /remove_worker and /add_worker."""
+    import argparse
+
+    from twinspark import layout
+
+    env = tmp_path / "serve.env"
+    env.write_text("VLLM_API_KEY=pair-client-key\nSERVED_MODEL_NAME=tiny\nTWINSPARK_ROUTER_URL=http://10.0.0.9:30000\n"
+                   "TWINSPARK_ROUTER_PAIR_URL=http://10.0.0.1:8888\n")
+    key_file = tmp_path / "router-drain.key"
+    key_file.write_text("router-admin-key\n")
+    current = layout.current()
+    monkeypatch.setattr(layout, "current", lambda: type(current)(**{**current.__dict__,
+                                                                     "router_drain_key": str(key_file)}))
+    args = argparse.Namespace(env=[str(env)], worker=["10.0.0.2"], ssh_user="root", ssh_key="k", known_hosts="h",
+                              state_file=str(tmp_path / "state.json"))
+    pair = pair_cli._pair_from_args(args)
+    assert pair.router is not None and pair.router.ref.key == "router-admin-key"

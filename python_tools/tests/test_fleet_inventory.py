@@ -49,6 +49,7 @@ def fleet_inventory():
     """Two pairs and a router, in the layout docs/FLEET.md describes (documentation addresses only)."""
     return {"all": {
         "vars": {"twinspark_vllm_api_key": "fleet-test-only-key",
+                 "twinspark_router_admin_key": "fleet-test-only-admin-key",
                  "vllm_service_api_allowed_networks": ["192.0.2.0/24"]},
         "children": {
             "twinspark_pair": {"children": {"pair_a": pair("pair_a", "a1", "a2", 1),
@@ -78,6 +79,11 @@ def test_the_one_pair_inventories_validate_as_before(inventory):
 
 def test_the_documented_fleet_example_validates():
     hostvars, groups = load(ROOT / "inventory" / "fleet-example")
+    # the one secret validation insists on; the operator adds it with ansible-vault, as the example says
+    missing = "router-1: twinspark_router_admin_key is empty"
+    assert [line[:len(missing)] for line in FILTERS.twinspark_pair_problems(hostvars, groups)] == [missing]
+    for host in hostvars.values():
+        host["twinspark_router_admin_key"] = "fleet-example-test-only-admin-key"
     assert FILTERS.twinspark_pair_problems(hostvars, groups) == []
     found, _ = fleet.pairs(hostvars, groups)
     assert [p.name for p in found] == ["pair_a", "pair_b"]
@@ -307,4 +313,39 @@ def test_the_simulated_fleet_drains_through_its_router_node(tmp_path):
         env = FILTERS.twinspark_node_env(hostvars[host], host, groups, hostvars)
         assert (env["TWINSPARK_ROUTER_URL"], env["TWINSPARK_ROUTER_PAIR_URL"]) == (
             "http://10.78.0.5:30000", f"http://{head}:8888")
+        # the drain's key: the router's admin key (role serve_env writes it to the head's root-only file)
+        assert env["TWINSPARK_ROUTER_ADMIN_KEY"] == hostvars["node5"]["twinspark_router_admin_key"]
     assert FILTERS.twinspark_pair_problems(hostvars, groups) == []
+
+
+@pytest.mark.parametrize(("admin", "expected"), [
+    ("", "r1: twinspark_router_admin_key is empty; the router's admin paths (/add_worker, /remove_worker, ...) need a "
+         "key of their own; set twinspark_router_admin_key in group_vars/all with ansible-vault"),
+    ("fleet-test-only-key", "r1: twinspark_router_admin_key equals the clients' key (twinspark_vllm_api_key), which "
+                            "would let every client add and remove the router's workers; set "
+                            "twinspark_router_admin_key in group_vars/all")])
+def test_a_router_without_an_admin_key_of_its_own_is_refused_before_any_host(tmp_path, admin, expected):
+    tree = fleet_inventory()
+    tree["all"]["vars"]["twinspark_router_admin_key"] = admin
+    problems, _, _ = problems_of(tmp_path, tree)
+    assert [line for line in problems if "twinspark_router_admin_key" in line] == [
+        line for line in problems if line.startswith(expected)]
+    assert len([line for line in problems if line.startswith(expected)]) == 1
+    assert not any("fleet-test-only-key" in line for line in problems)
+
+
+def test_a_head_whose_drain_key_differs_from_its_routers_is_named(tmp_path):
+    tree = fleet_inventory()
+    tree["all"]["children"]["twinspark_pair"]["children"]["pair_b"]["vars"][
+        "twinspark_router_admin_key"] = "another-admin-key"
+    problems, _, _ = problems_of(tmp_path, tree)
+    assert problems == ["pair pair_b: twinspark_router_admin_key on its head b1 differs from router r1's, so the "
+                        "drain would be refused (403); set it once, in group_vars/all"]
+
+
+def test_a_one_pair_inventory_without_a_router_needs_no_admin_key(tmp_path):
+    tree = fleet_inventory()
+    del tree["all"]["children"]["twinspark_router"]
+    del tree["all"]["vars"]["twinspark_router_admin_key"]
+    problems, _, _ = problems_of(tmp_path, tree)
+    assert not any("admin_key" in line for line in problems)

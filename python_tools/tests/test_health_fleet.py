@@ -193,6 +193,19 @@ def test_health_on_a_fleet_sweeps_every_pair_then_asks_the_router(stood_in, caps
     assert "sk-fleet" not in out
 
 
+def test_health_asks_the_routers_list_with_its_admin_key_from_the_inventory(stood_in, tmp_path, capsys):
+    """The router's front refuses the pairs' key on /list_workers (403); the inventory's admin key gets the list."""
+    inventory = tmp_path / "fleet"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "hosts.yml").write_text(FLEET_EXAMPLE.read_text())
+    (inventory / "group_vars" / "all.yml").write_text("twinspark_router_admin_key: admin-test-only-key\n")
+    command.run(_args(inventory / "hosts.yml"))
+    out = capsys.readouterr().out
+    assert stood_in["router"] == [("http://192.0.2.30:30000", "admin-test-only-key")]
+    assert "admin-test-only-key" not in out
+    assert "admin-test-only-key" not in repr(inv.read_fleet(inventory / "hosts.yml"))
+
+
 def test_health_on_a_fleet_as_json(stood_in, capsys):
     assert command.run(_args(FLEET_EXAMPLE, json=True)) == 2
     data = json.loads(capsys.readouterr().out)

@@ -90,7 +90,8 @@ def test_each_default_is_written_in_one_place_per_side(name):
 SETTINGS_DEFINING = {"python_tools/twinspark/settings.yml", "roles/serve_env/meta/argument_specs.yml"}
 
 
-@pytest.mark.parametrize("name", ["router_port", "router_metrics_port", "alertmanager_port", "node_exporter_port"])
+@pytest.mark.parametrize("name", ["router_port", "router_metrics_port", "router_upstream_port", "alertmanager_port",
+                                  "node_exporter_port"])
 def test_the_routers_default_ports_are_written_in_the_layout_only(name):
     """settings.yml may name the port in its documentation of TWINSPARK_ROUTER_URL; no code may."""
     assert _places(DEFAULTS[name]) <= DEFINING | SETTINGS_DEFINING, (

@@ -1,4 +1,5 @@
-"""The real vllm-router 0.1.17 on 127.0.0.1 in front of two handshaped pairs (devtools.handshaped_openai).
+"""The real vllm-router 0.1.17 on 127.0.0.1 in front of two handshaped pairs (devtools.handshaped_openai), behind
+its front (routerlaunch.py front), as roles/router runs them.
 
 Skipped, with the reason, where vllm_router is not importable (make setup installs it from requirements-dev.txt).
 Assertions are about behaviour (answers, refusals, who takes traffic), never about wall-clock thresholds.
@@ -46,11 +47,37 @@ def test_a_request_without_the_key_is_refused_on_every_path(drill, method, path,
     assert status == 401
 
 
+@pytest.mark.parametrize(("method", "path"), routerclient.ROUTER_ADMIN_PATHS)
+def test_the_clients_key_is_refused_on_every_admin_path(drill, method, path):
+    """The reproduced attack: with the clients' key, POST /add_worker?url=<attacker> was answered "Successfully
+    added worker" and other clients' prompts went there. Through the front it is a 403 on every admin path."""
+    status, body = routerclient.request(drill.base, path, routerdrill.KEY, method,
+                                        body=BODIES.get(path.split("?")[0]))
+    assert status == 403, body
+
+
 def test_the_removed_worker_is_still_listed_after_refused_admin_calls(drill):
-    # the refused /remove_worker above must not have taken anything out
-    status, text = routerclient.request(drill.base, "/list_workers", routerdrill.KEY)
+    # the refused /remove_worker and /add_worker above must not have changed anything
+    status, text = routerclient.request(drill.base, "/list_workers", routerdrill.ADMIN_KEY)
     assert status == 200
-    assert drill.url("a") in text and drill.url("b") in text
+    assert set(routerclient.listed_from_answer(status, text)) == {drill.url("a"), drill.url("b")}
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/list_workers"), ("GET", "/workers"), ("GET", "/get_loads"), ("POST", "/flush_cache"),
+    ("POST", "/remove_worker?url=http://127.0.0.1:9")])
+def test_the_admin_key_reaches_the_admin_paths(drill, method, path):
+    status, body = routerclient.request(drill.base, path, routerdrill.ADMIN_KEY, method)
+    # the router's own answer (/flush_cache: a 500 when the handshaped pairs have no such path), never a refusal
+    assert status not in (None, 401, 403, 502), body
+
+
+@pytest.mark.parametrize(("method", "path"), PATHS)
+def test_the_router_behind_the_front_still_checks_every_key_itself(drill, method, path):
+    """Defence in depth: vllm-router's own key check (routerlaunch keycheck) refuses a request without a key on
+    every path, should anything reach its loopback port around the front."""
+    status, _ = routerclient.request(drill.router_base, path, None, method, body=BODIES.get(path.split("?")[0]))
+    assert status == 401
 
 
 @pytest.mark.slow(5)
@@ -108,7 +135,7 @@ def test_a_router_started_with_every_pair_down_exits_and_one_pair_up_is_enough()
         drill.start_router(wait=False)
         assert drill.router.wait(timeout=60) == 1
         waited = time.monotonic() - started
-        assert routerclient.request(drill.base, "/liveness", routerdrill.KEY, timeout_s=1)[0] is None
+        assert routerclient.request(drill.router_base, "/liveness", routerdrill.KEY, timeout_s=1)[0] is None
         drill.start_backend("b")
         drill.start_router()
         status, text = routerclient.chat_once(drill.base, routerdrill.KEY)

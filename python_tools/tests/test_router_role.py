@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import shutil
 import subprocess
 
 import jinja2
@@ -116,7 +117,9 @@ def render(name, **values):
                 "router_firewall_file": "/etc/twinspark-router/firewall.nft", "router_firewall_ssh_ports": [22],
                 "router_clients_v4": ["127.0.0.0/8", "192.0.2.0/24"], "router_clients_v6": ["::1/128"],
                 "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"],
-                "router_startup_wait_s": 3600, "router_monitoring_ports": []}
+                "router_startup_wait_s": 3600, "router_monitoring_ports": [], "router_upstream_port": 30001,
+                "router_front_user": "twinspark-router-front",
+                "router_admin_key_file": "/etc/twinspark-router/admin.key"}
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
 
@@ -136,7 +139,10 @@ def test_the_router_unit_needs_the_key_check_and_lists_every_pair():
     urls = argv.index("--worker-urls")
     assert argv[urls + 1:urls + 3] == ["http://192.0.2.11:8888", "http://192.0.2.21:8888"]
     assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    # behind its front: loopback only, on its own port
+    assert (argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]) == ("127.0.0.1", "30001")
     assert "BindsTo=twinspark-router-keycheck.service" in unit
+    assert "Wants=twinspark-router-front.service" in unit and "Upholds=twinspark-router-front.service" in unit
     assert "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit and "CapabilityBoundingSet=\n" in unit
 
 
@@ -144,8 +150,55 @@ def test_the_key_check_unit_is_loopback_only_and_never_holds_the_key():
     unit = render("twinspark-router-keycheck.service")
     argv = exec_start(unit)
     assert argv[argv.index("--listen") + 1] == "127.0.0.1:30099"
-    assert argv[argv.index("--key-file") + 1] == "/etc/twinspark-router/router.key"
+    # client keys and the admin key: defence in depth behind the front
+    assert [argv[i + 1] for i, word in enumerate(argv) if word == "--key-file"] == [
+        "/etc/twinspark-router/router.key", "/etc/twinspark-router/admin.key"]
     assert "IPAddressAllow=localhost" in unit and "IPAddressDeny=any" in unit
+
+
+def test_the_front_listens_where_clients_connect_and_forwards_to_the_router_on_loopback():
+    unit = render("twinspark-router-front.service")
+    argv = exec_start(unit)
+    assert argv[:4] == ["/opt/twinspark-router/venv/bin/python", "-I", "/opt/twinspark-router/routerlaunch.py", "front"]
+    assert argv[argv.index("--listen") + 1] == "0.0.0.0:30000"
+    assert argv[argv.index("--upstream") + 1] == "127.0.0.1:30001"
+    assert argv[argv.index("--client-key-file") + 1] == "/etc/twinspark-router/router.key"
+    assert argv[argv.index("--admin-key-file") + 1] == "/etc/twinspark-router/admin.key"
+    assert "User=twinspark-router-front" in unit and "Group=twinspark-router" in unit
+    # it stops and restarts with the router, and never runs without the firewall
+    assert "BindsTo=twinspark-router.service" in unit and "PartOf=twinspark-router.service" in unit
+    assert "BindsTo=twinspark-router-firewall.service" in unit
+    assert "twinspark-router-firewall" not in render("twinspark-router-front.service", router_firewall_enabled=False)
+
+
+def test_the_front_parses_its_own_unit_line(monkeypatch):
+    """The front's ExecStart, as rendered, is accepted by routerlaunch.py's own parser (a flag renamed on one side
+    fails here)."""
+    argv = exec_start(render("twinspark-router-front.service"))
+    seen = {}
+
+    def server_not_started(listen, upstream, *_args, **_kwargs):
+        seen.update(listen=listen, upstream=upstream)
+        raise ValueError("not started in a test")
+
+    monkeypatch.setattr(routerlaunch, "front_server", server_not_started)
+    monkeypatch.setattr(routerlaunch, "read_keys", lambda path: [str(path)])
+    assert routerlaunch.main(argv[3:]) == 2
+    assert seen == {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001"}
+
+
+def test_the_role_refuses_an_empty_admin_key_or_the_client_key_as_admin_key():
+    import yaml
+
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    check = next(t for t in tasks if t.get("name") == "Refuse to run the router without an admin key of its own")
+    assert check["no_log"] is True
+    assert check["ansible.builtin.assert"]["that"] == ["router_admin_key | length > 0",
+                                                      "router_admin_key != router_api_key"]
+    written = next(t for t in tasks if t.get("name") == "Write the admin key file")
+    assert written["no_log"] is True
+    assert (written["ansible.builtin.copy"]["owner"], written["ansible.builtin.copy"]["mode"]) == ("root", "0640")
+    assert written["notify"] == "Restart the router"
 
 
 def test_the_router_playbook_passes_syntax_check(tmp_path):
@@ -169,7 +222,7 @@ def test_the_firewall_table_admits_only_the_listed_networks_to_the_router_port()
     assert "elements = { 127.0.0.0/8, 192.0.2.0/24 }" in table
     assert "tcp dport 30000 ip saddr @clients_v4 accept" in table
     assert 'tcp dport 30000 counter drop comment "router: only router_allowed_networks"' in table
-    assert "tcp dport { 29000, 30099 } counter drop" in table
+    assert "tcp dport { 29000, 30099, 30001 } counter drop" in table
     # its own table only: never the pair's `inet twinspark`, never a flush of the ruleset
     assert "table inet twinspark\n" not in table and "flush ruleset" not in table
     rules = table.index("tcp dport 30000 ip saddr")
@@ -185,8 +238,19 @@ def test_on_the_monitor_host_the_table_admits_only_the_routers_networks_to_prome
     assert table.index("tcp dport { 9090, 9093 } ip saddr") < table.index("tcp dport { 9090, 9093 } counter drop")
 
 
+def test_locally_only_the_front_reaches_the_router_and_only_the_router_its_key_check():
+    table = render("twinspark-router.nft")
+    output = table[table.index("chain output"):]
+    lines = [line.strip() for line in output.splitlines()]
+    front = lines.index("tcp dport 30001 meta skuid twinspark-router-front accept")
+    router = lines.index("tcp dport 30099 meta skuid twinspark-router accept")
+    reset = next(i for i, line in enumerate(lines)
+                 if line.startswith("tcp dport { 30001, 30099 } counter reject with tcp reset"))
+    assert lines.index('oifname != "lo" accept') < front < reset and router < reset
+
+
 @pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service",
-                                  "twinspark-router-firewall.service"])
+                                  "twinspark-router-firewall.service", "twinspark-router-front.service"])
 def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
     """systemd-analyze's offline exposure score, held to the ceiling the pair's helper units have (2.5)."""
     import re
@@ -205,3 +269,55 @@ def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
     score = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout + result.stderr)
     assert score is not None, result.stdout + result.stderr
     assert float(score.group(1)) <= 2.5
+
+
+NFT = shutil.which("nft") or "/usr/sbin/nft"
+CONNECT = ("import socket, sys\n"
+           "try:\n"
+           "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
+           "    print('connected')\n"
+           "except OSError as error:\n"
+           "    print(type(error).__name__)\n")
+LISTEN = ("import socket, sys, time\n"
+          "servers = []\n"
+          "for port in sys.argv[1:]:\n"
+          "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "    s.bind(('127.0.0.1', int(port))); s.listen(8); servers.append(s)\n"
+          "time.sleep(30)\n")
+
+
+@pytest.mark.slow(3)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv")
+                    or not os.access(NFT, os.X_OK) or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs root, unshare, setpriv, nft, the system's python3 (a network namespace of its own)")
+def test_real_nft_only_the_front_reaches_the_router_and_only_the_router_its_key_check(tmp_path):
+    """The router host's table as rendered, loaded by the real nft in a network namespace of the test's own; the
+    front's account is played by `daemon`, the router's by `bin`, a stranger (a client key thief on the host) by
+    `nobody`. On loopback: only daemon connects to the router's own port, only bin to the key check, and nobody
+    still reaches the front's port."""
+    table = tmp_path / "firewall.nft"
+    table.write_text(render("twinspark-router.nft").replace("skuid twinspark-router-front ", "skuid daemon ")
+                     .replace("skuid twinspark-router ", "skuid bin "))
+    python = "/usr/bin/python3"  # the system's: the accounts below may not read the venv or a home
+    as_user = "setpriv --reuid={0} --regid={1} --clear-groups " + python + " -I -c " + shlex.quote(CONNECT)
+    tries = [("front", "daemon", "daemon"), ("router", "bin", "bin"), ("stranger", "nobody", "nogroup")]
+    probes = "\n".join(f'echo "{who}-{port} $({as_user.format(user, group)} {port})"'
+                       for who, user, group in tries for port in (30001, 30099, 30000))
+    script = f"""
+        set -u
+        ip link set lo up
+        {NFT} -f {table} || exit 10
+        {python} -I -c {shlex.quote(LISTEN)} 30000 30001 30099 & listener=$!
+        sleep 1
+        {probes}
+        kill $listener
+    """
+    done = subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    refused = "ConnectionRefusedError"
+    assert seen == {"front-30001": "connected", "front-30099": refused, "front-30000": "connected",
+                    "router-30001": refused, "router-30099": "connected", "router-30000": "connected",
+                    "stranger-30001": refused, "stranger-30099": refused, "stranger-30000": "connected"}, (
+        done.stdout + done.stderr)

@@ -48,6 +48,7 @@ def layout_args(etc: Path, state: Path) -> list[str]:
             "-e", f"twinspark_layout_secrets_env={etc}/secrets.env",
             "-e", f"twinspark_layout_control_dir={state}",
             "-e", f"twinspark_layout_restart_flag={state}/restart-pending",
+            "-e", f"twinspark_layout_router_drain_key={state}/router-drain.key",
             "-e", f"twinspark_layout_venv={TWINSPARK.parent.parent}",
             "-e", f"twinspark_layout_node_file={etc}/layout.json"]
 
@@ -242,3 +243,26 @@ def test_tls_files_go_to_the_head_only_and_the_key_never_shows(tmp_path):
     worker = playbook(*common, "-l", "node2", check=True)
     skipped = worker.stdout.split("TASK [serve_env : Install the API's TLS files on the head]", 1)[1].split("TASK [")[0]
     assert "changed: [node2]" not in skipped and "skipping: [node2]" in skipped, skipped
+
+
+@pytest.mark.parametrize(("is_head", "router_url", "drain_key"), [
+    (True, "http://10.78.0.5:30000", "admin-test-only-key"), (False, "http://10.78.0.5:30000", ""),
+    (True, "", "")])
+def test_the_routers_admin_key_goes_to_the_heads_drain_key_only_never_to_secrets_env(is_head, router_url, drain_key):
+    """roles/serve_env/vars/main.yml, rendered with plain Jinja and the real twinspark_env_file filter: secrets.env
+    (the vLLM unit's credential, so readable by the serving account's process) never holds the admin key; a head
+    behind a router gets it for its drain key file, a worker or a pair without a router gets none."""
+    import jinja2
+
+    role_vars = yaml.safe_load((ROOT / "roles" / "serve_env" / "vars" / "main.yml").read_text())
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters.update(load_filters().FilterModule().filters())
+    env.filters["bool"] = lambda value: str(value).lower() in ("1", "true", "yes", "on")
+    env.filters["dict2items"] = lambda mapping: [{"key": k, "value": v} for k, v in mapping.items()]
+    env.filters["items2dict"] = lambda items: {item["key"]: item["value"] for item in items}
+    node_env = {"VLLM_API_KEY": "client-test-only-key", "TWINSPARK_ROUTER_ADMIN_KEY": "admin-test-only-key",
+                "TWINSPARK_ROUTER_URL": router_url}
+    values = {"serve_env_node_env": node_env, "twinspark_layout_is_head": is_head}
+    secrets = env.from_string(role_vars["serve_env_secret_lines"]).render(values)
+    assert "client-test-only-key" in secrets and "admin-test-only-key" not in secrets
+    assert env.from_string(role_vars["serve_env_drain_key"]).render(values) == drain_key

@@ -14,6 +14,10 @@ restart, `twinspark pair restart|start|stop`, and so the restart playbooks) goes
      the guard gave up on stay out; the guard's next run that finds it serving puts it back (`keep_in`), and
      `twinspark pair rejoin` (after one more probe) does the same at once.
 
+The calls carry the router's admin key, read from the head's root-only drain key file (`read_key`,
+twinspark_layout_router_drain_key, written by role serve_env): the router's front refuses the clients' key on these
+paths (docs/FLEET.md, "API keys"), and the serving account cannot read the file.
+
 A router that cannot be reached, or that refuses the call, never blocks the pair: the operation says so in one line
 and goes on (a pair must stay restartable while the router is down; the router's own health checks then keep a
 dead pair out, and a router restart lists every pair from the inventory again).
@@ -21,8 +25,9 @@ dead pair out, and a router restart lists every pair from the inventory again).
 A pair the guard gave up on is kept out on every later guard run (`keep_out`): the router keeps its list in memory
 only, so a router restart lists every pair of its --worker-urls again, and the next guard run takes such a pair out.
 
-Rules (`router_from_env`, `admin_path`, `admin_outcome`, `idle`, `stay_out_reason`) are pure; `Router` speaks
-HTTP to the router and nothing else; `drained` ties them together around any piece of work.
+Rules (`router_from_env`, `key_from_text`, `admin_path`, `admin_outcome`, `idle`, `stay_out_reason`) are pure;
+`read_key` reads the drain key file; `Router` speaks HTTP to the router and nothing else; `drained` ties them
+together around any piece of work.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from twinspark import routerclient, validate
 
@@ -79,6 +85,14 @@ def router_from_env(env: Mapping[str, str], key: str | None) -> RouterRef | None
     return RouterRef(_http_url(router, ROUTER_URL_ENV), _http_url(pair, PAIR_URL_ENV), key)
 
 
+def key_from_text(text: str) -> str | None:
+    """The drain key file's key: its first line that is neither blank nor a # comment; None when there is none."""
+    for line in text.splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    return None
+
+
 def admin_path(verb: str, pair_url: str) -> str:
     """The router's admin call for `verb` (add or remove) of one worker URL."""
     if verb not in ("add", "remove"):
@@ -100,9 +114,10 @@ def admin_outcome(verb: str, status: int | None, body: str, router: str) -> tupl
     if status is None:
         return False, (f"router {router} cannot be reached ({text or 'no answer'}) for {verb}_worker; going on "
                        "without it (its health checks keep a dead pair out)")
-    if status == 401:
-        return False, (f"router {router} refused the key for {verb}_worker (401); the router's key file must hold "
-                       "the pair's key (twinspark_vllm_api_key); going on without it")
+    if status in (401, 403):
+        return False, (f"router {router} refused the key for {verb}_worker ({status}); the head's drain key file "
+                       "must hold the router's admin key (twinspark_router_admin_key; site.yml writes it); going on "
+                       "without it")
     return False, f"router {router} answered {status} to {verb}_worker ({text}); going on without it"
 
 
@@ -134,6 +149,20 @@ def stay_out_reason(served: bool, gave_up: bool, stopping: bool) -> str | None:
 
 
 Post = Callable[[str, float], tuple[int | None, str]]
+MAX_KEY_FILE_BYTES = 4096
+
+
+def read_key(path: Path) -> str | None:
+    """The router's admin key from the head's drain key file; None when the file is missing, unreadable or holds no
+    key (the router then refuses the drain's calls, which the drain says in one line and goes on)."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > MAX_KEY_FILE_BYTES:
+        return None
+    return key_from_text(raw.decode("utf-8", errors="replace"))
 
 
 class Router:

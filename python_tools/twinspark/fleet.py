@@ -42,6 +42,8 @@ FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 ROUTER_URL_VAR = "twinspark_router_url"
 ROUTER_PAIR_URL_VAR = "twinspark_router_pair_url"
 API_ALLOWED_VAR = "vllm_service_api_allowed_networks"
+ADMIN_KEY_VAR = "twinspark_router_admin_key"
+CLIENT_KEY_VAR = "twinspark_vllm_api_key"
 DEFAULT_ROUTER_PORT = int(layout.default().router_port)
 DEFAULT_ROUTER_METRICS_PORT = int(layout.default().router_metrics_port)
 RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP, SINGLE_PAIR})
@@ -233,6 +235,7 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
                          f"(a head and a worker each) or take {router} out of {ROUTER_GROUP}")
         elif not fronted:
             lines.append(f"{router}: fronts no pair; list at least one pair in {ROUTER_PAIRS_VAR} or leave it unset")
+    lines += admin_key_problems(host_vars, found, routers)
     # each fronted pair's firewall must let its router in (roles/vllm_service: only listed networks reach the API)
     for router in routers:
         fronted, _ = router_pairs(host_vars.get(router, {}), found)
@@ -270,6 +273,40 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
             users = [f"{host} (pair {name})" for host, name in owners]
             lines.append(f"{FABRIC_ADDRESS_VAR}: {address} is set on {', '.join(users)}; every node needs its own "
                          "fabric address")
+    return lines
+
+
+def _secret(value: Any) -> str:
+    """An inventory secret as text (a vault value decrypts on str()); "" when unset."""
+    return "" if value is None else str(value).strip()
+
+
+def admin_key_problems(host_vars: Mapping[str, Mapping[str, Any]], found: Sequence[Pair],
+                       routers: Sequence[str]) -> list[str]:
+    """Each router needs an admin key of its own (its front refuses the client key on the admin paths), and each
+    head it fronts the same key for its drain. One line per problem, never a key."""
+    lines: list[str] = []
+    for router in routers:
+        router_vars = host_vars.get(router, {})
+        fronted, _ = router_pairs(router_vars, found)
+        if not fronted:
+            continue  # named already: a router without pairs
+        admin = _secret(router_vars.get(ADMIN_KEY_VAR))
+        client = _secret(router_vars.get("router_api_key") or router_vars.get(CLIENT_KEY_VAR))
+        fix = (f"set {ADMIN_KEY_VAR} in group_vars/all with ansible-vault (for example ansible-vault encrypt_string "
+               f"--name {ADMIN_KEY_VAR} \"$(openssl rand -hex 32)\")")
+        if not admin:
+            lines.append(f"{router}: {ADMIN_KEY_VAR} is empty; the router's admin paths (/add_worker, "
+                         f"/remove_worker, ...) need a key of their own; {fix}")
+            continue
+        if admin == client:
+            lines.append(f"{router}: {ADMIN_KEY_VAR} equals the clients' key ({CLIENT_KEY_VAR}), which would let "
+                         f"every client add and remove the router's workers; {fix}")
+            continue
+        for pair in fronted:
+            if _secret(host_vars.get(pair.head, {}).get(ADMIN_KEY_VAR)) != admin:
+                lines.append(f"pair {pair.name}: {ADMIN_KEY_VAR} on its head {pair.head} differs from router "
+                             f"{router}'s, so the drain would be refused (403); set it once, in group_vars/all")
     return lines
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import api, envfile, fleet, layout, nodeenv, settings
@@ -81,11 +81,25 @@ def _host_vars(inventory, variables, groups: Mapping[str, object]) -> dict[str, 
 @dataclass(frozen=True)
 class FleetView:
     """A fleet inventory as `twinspark health` needs it: each pair's name and the URL the router knows it by, the
-    router's URL (None without a router), and the inventory's fleet problems (validation's lines)."""
+    router's URL (None without a router), the inventory's fleet problems (validation's lines), and the router's
+    admin key (twinspark_router_admin_key; None when unset or not readable here, a vault without its password), the
+    only key its front lets through to /list_workers."""
 
     pairs: tuple[tuple[str, str], ...]
     router_url: str | None
     problems: tuple[str, ...]
+    router_admin_key: str | None = field(default=None, repr=False)
+
+
+def _readable_secret(value: object) -> str | None:
+    """An inventory secret as text (a vault value decrypts on str()); None when unset or when it cannot be read."""
+    if value is None:
+        return None
+    try:
+        text = str(value).strip()
+    except Exception:  # noqa: BLE001 - ansible's vault errors: no password here, the caller goes on without it
+        return None
+    return text or None
 
 
 def read_hosts(source: str | Path) -> tuple[dict[str, dict[str, object]], dict[str, list[str]]]:
@@ -103,8 +117,9 @@ def read_fleet(source: str | Path) -> FleetView | None:
     found, problems = fleet.pairs(host_vars, groups)
     routers = list(groups.get(fleet.ROUTER_GROUP) or [])
     router = fleet.router_url(host_vars.get(routers[0], {}), routers[0]) if routers else None
+    admin = _readable_secret(host_vars.get(routers[0], {}).get(fleet.ADMIN_KEY_VAR)) if routers else None
     return FleetView(tuple((p.name, fleet.head_url(host_vars.get(p.head, {}), p.head)) for p in found),
-                     router, tuple(problems))
+                     router, tuple(problems), admin)
 
 
 def read_inventory(source: str | Path, pair: str | None = None) -> Pair:

@@ -55,6 +55,7 @@ class Layout:
     control_dir: str
     restart_flag: str
     pair_lock: str
+    router_drain_key: str
     guard_pause: str
     guard_dir: str
     guard_state: str
@@ -74,6 +75,7 @@ class Layout:
     bandwidth_record: str
     router_port: str
     router_metrics_port: str
+    router_upstream_port: str
     metrics_dir: str
     monitoring_record: str
     prometheus_port: str

@@ -33,6 +33,15 @@ ROUTER_PATHS = [
     ("DELETE", "/workers/x"), ("GET", "/metrics"), ("GET", "/no-such-path"),
 ]
 
+# The admin paths among them, written out (not derived from routerlaunch.ADMIN_PATHS, so that a test can hold the
+# front to them): every one that changes the router's workers or state, or tells which workers it has. The front
+# lets only the admin key through to these.
+ROUTER_ADMIN_PATHS = [
+    ("POST", "/add_worker?url=http://127.0.0.1:9"), ("POST", "/remove_worker?url=http://127.0.0.1:9"),
+    ("GET", "/list_workers"), ("POST", "/flush_cache"), ("GET", "/get_loads"), ("GET", "/scheduling/diagnostics"),
+    ("POST", "/workers"), ("GET", "/workers"), ("GET", "/workers/x"), ("DELETE", "/workers/x"),
+]
+
 # Well-formed bodies, so that the refusal comes from the key check and not from the router's body parsing
 # (a malformed body is answered 422 before the handler, and so before the key check, runs).
 ROUTER_BODIES = {

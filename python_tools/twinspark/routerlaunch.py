@@ -1,4 +1,5 @@
-"""Start vllm-router 0.1.17 with client keys required, and the key check it asks.
+"""Start vllm-router 0.1.17 with client keys required, the key check it asks, and the front that keeps clients
+off its admin paths.
 
 Why this file exists (docs/FLEET.md, "API keys"): the router's own check of client keys (`authorize_request` in
 the router's src/server.rs) only runs when it has a list of validation URLs, and the wheel's `vllm-router`
@@ -7,11 +8,18 @@ out of the box every path, the admin ones (/add_worker, /remove_worker, /workers
 The pyo3 `Router` does take `api_key_validation_urls`; this launcher passes it and leaves the rest of the command
 line to the router's own parser, so every flag keeps the router's meaning.
 
-Two commands, both standard library plus the installed `vllm_router` (this file is copied next to the router's
+Why the front exists (docs/FLEET.md, "API keys"): vllm-router asks its validation URL about the bearer token only,
+never the path, so any key it accepts may call /add_worker and send other clients' prompts to a server of its
+choosing. The front listens where clients connect, refuses a client key on the admin paths (`ADMIN_PATHS`), and
+forwards everything else, unchanged and streamed, to the router on loopback.
+
+Three commands, all standard library plus the installed `vllm_router` (this file is copied next to the router's
 venv; it imports nothing from twinspark):
 
-    routerlaunch.py keycheck --listen 127.0.0.1:30099 --key-file /etc/twinspark/router.key
-        answers GET with 200 when `Authorization: Bearer <key>` matches a line of the key file, else 401.
+    routerlaunch.py keycheck --listen 127.0.0.1:30099 --key-file /etc/twinspark/router.key [--key-file F]
+        answers GET with 200 when `Authorization: Bearer <key>` matches a line of one of the key files, else 401.
+    routerlaunch.py front --listen 0.0.0.0:30000 --upstream 127.0.0.1:30001 --client-key-file F --admin-key-file A
+        401 without a known key, 403 for a client key on an admin path, else forwards to the router (`decide`).
     routerlaunch.py serve --key-check-url http://127.0.0.1:30099/ [--worker-key-file F] -- <vllm-router flags>
         runs the router with that URL as its only validation URL (refuses to start without one). With
         --worker-key-file, the file's first key is the router's `api_key`: the key the router itself sends to the
@@ -27,12 +35,30 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import http.client
+import json
+import posixpath
+import socket
 import sys
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 MAX_KEY_BYTES = 4096
+# A request body the front forwards at most (a long prompt, images as base64); larger is answered 413.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# Every path of vllm-router 0.1.17 that changes its worker set or state, or tells which workers it has and how
+# loaded they are (its src/server.rs admin and worker routes): the admin key only. `ADMIN_PREFIXES`: their
+# sub-paths (/workers/{url}).
+ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker", "/list_workers", "/workers", "/flush_cache", "/get_loads",
+                         "/scheduling/diagnostics"})
+ADMIN_PREFIXES = ("/workers/", "/scheduling/")
+# Headers that describe one connection, never forwarded (RFC 9110 7.6.1); the front sets its own framing and has
+# answered a client's Expect: 100-continue itself.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+                        "te", "trailer", "transfer-encoding", "upgrade", "content-length", "host", "expect"})
 
 
 def read_keys(path: Path) -> list[str]:
@@ -58,6 +84,72 @@ def key_allowed(authorization: str | None, keys: list[str]) -> bool:
     return allowed
 
 
+def normalised_path(target: str) -> str | None:
+    """The path a request target names, as the most lenient reader could route it: percent-escapes decoded (until
+    none is left), repeated slashes and dot segments collapsed, no trailing slash, lower case; None for a target that
+    is not a plain path."""
+    if not target.startswith("/"):
+        return None  # absolute-form (http://host/path) or asterisk-form targets: not for a router
+    path = target.split("?", 1)[0].split("#", 1)[0]  # not urlsplit: it reads //x as a host
+    for _ in range(4):
+        try:
+            decoded = urllib.parse.unquote(path, errors="strict")
+        except UnicodeDecodeError:
+            return None
+        if decoded == path:
+            break
+        path = decoded
+    else:
+        return None
+    if "\\" in path or any(ord(c) < 0x20 or c in "%;" for c in path):
+        return None
+    return posixpath.normpath("/" + path.lstrip("/")).lower()
+
+
+def is_admin_path(target: str) -> bool:
+    """Whether a request target is one of vllm-router's admin paths; a target that is not a plain path is treated
+    as one (refused to a client key)."""
+    path = normalised_path(target)
+    if path is None:
+        return True
+    return path in ADMIN_PATHS or path.startswith(ADMIN_PREFIXES)
+
+
+class Verdict(NamedTuple):
+    status: int  # 0: forward the request
+    error: str
+
+
+FORWARD = Verdict(0, "")
+
+
+def decide(authorization: str | None, target: str, client_keys: list[str], admin_keys: list[str]) -> Verdict:
+    """The front's rule for one request: 401 without a known key, 403 for a client key on an admin path, else
+    forward. Both key lists are always compared in full (constant time, whichever matches)."""
+    admin = key_allowed(authorization, admin_keys)
+    client = key_allowed(authorization, client_keys)
+    if admin:
+        return FORWARD
+    if not client:
+        return Verdict(401, "a valid API key is required (Authorization: Bearer <key>)")
+    if is_admin_path(target):
+        return Verdict(403, "this path is the router's admin API; a client key may not call it")
+    return FORWARD
+
+
+def forwarded_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The request or response headers to pass on: all but the hop-by-hop ones and those the Connection header
+    names (the front frames each message itself), Authorization included."""
+    named = {token.strip().lower() for name, value in headers if name.lower() == "connection"
+             for token in value.split(",")}
+    return [(name, value) for name, value in headers if name.lower() not in HOP_BY_HOP | named]
+
+
+def error_body(verdict: Verdict) -> bytes:
+    """The one-line JSON answer for a refusal."""
+    return (json.dumps({"error": {"message": verdict.error, "code": verdict.status}}) + "\n").encode()
+
+
 def keycheck_server(listen: str, keys: list[str]) -> ThreadingHTTPServer:
     """A server answering 200 for a known key and 401 otherwise, on any GET path; not started."""
     host, _, port = listen.rpartition(":")
@@ -75,6 +167,109 @@ def keycheck_server(listen: str, keys: list[str]) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
     server.daemon_threads = True
     return server
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+def front_server(listen: str, upstream: str, client_keys: list[str], admin_keys: list[str],
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, client_timeout_s: float = 120.0,
+                 upstream_timeout_s: float = 900.0) -> ThreadingHTTPServer:
+    """The front, not started: refuses or forwards each request (`decide`) to the router at `upstream`
+    (host:port), one connection per request, and streams the answer back as it comes (SSE included).
+
+    `client_timeout_s` bounds each read from and write to a client; `upstream_timeout_s` the connect to the router
+    and each wait for its next bytes (a long generation that sends nothing until it ends, without streaming)."""
+    up_host, up_port = _split_listen(upstream)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = client_timeout_s
+
+        def log_message(self, *_args) -> None:  # never log a header that may hold a key
+            pass
+
+        def _refuse(self, verdict: Verdict) -> None:
+            body = error_body(verdict)
+            self.send_response(verdict.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if verdict.status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def _body(self) -> bytes | Verdict:
+            if self.headers.get("Transfer-Encoding"):
+                return Verdict(411, "send the request body with Content-Length, not chunked")
+            length = self.headers.get("Content-Length") or "0"
+            if not length.isdigit():
+                return Verdict(400, "Content-Length must be a number of bytes")
+            if int(length) > max_body_bytes:
+                return Verdict(413, f"the request body is over {max_body_bytes} bytes")
+            return self.rfile.read(int(length)) if int(length) else b""
+
+        def _relay(self) -> None:
+            self.close_connection = True
+            verdict = decide(self.headers.get("Authorization"), self.path, client_keys, admin_keys)
+            if verdict.status:
+                self._refuse(verdict)
+                return
+            body = self._body()
+            if isinstance(body, Verdict):
+                self._refuse(body)
+                return
+            upstream_conn = http.client.HTTPConnection(up_host, up_port, timeout=upstream_timeout_s)
+            try:
+                try:
+                    upstream_conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                    upstream_conn.putheader("Host", f"{up_host}:{up_port}")
+                    for name, value in forwarded_headers(list(self.headers.items())):
+                        upstream_conn.putheader(name, value)
+                    if body or self.command in ("POST", "PUT", "PATCH"):
+                        upstream_conn.putheader("Content-Length", str(len(body)))
+                    upstream_conn.putheader("Connection", "close")
+                    upstream_conn.endheaders(body or None)
+                    answer = upstream_conn.getresponse()
+                except (OSError, http.client.HTTPException):
+                    self._refuse(Verdict(502, "the router behind the front did not answer"))
+                    return
+                self.send_response(answer.status, answer.reason)
+                for name, value in forwarded_headers(answer.getheaders()):
+                    self.send_header(name, value)
+                bodyless = self.command == "HEAD" or answer.status in (204, 304) or 100 <= answer.status < 200
+                if not bodyless:
+                    self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if bodyless:
+                    return
+                while True:
+                    try:
+                        chunk = answer.read1(65536)
+                    except (OSError, http.client.HTTPException):
+                        return  # no last chunk: the client sees the answer cut short, never a complete one
+                    if not chunk:
+                        break
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # TimeoutError included
+                return  # the client went away or stalled; nothing to tell it
+            finally:
+                upstream_conn.close()
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _relay
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in _split_listen(listen)[0] else socket.AF_INET
+        daemon_threads = True
+
+    return Server(_split_listen(listen), Handler)
 
 
 def router_kwargs(router_argv: list[str], key_check_urls: list[str], worker_key: str | None = None) -> dict:
@@ -112,7 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("keycheck", help="answer the router's key checks on loopback")
     check.add_argument("--listen", default="127.0.0.1:30099")
-    check.add_argument("--key-file", type=Path, required=True)
+    check.add_argument("--key-file", type=Path, action="append", required=True,
+                       help="a file of keys to accept, one a line; repeat for several files")
+    front = sub.add_parser("front", help="refuse client keys on the router's admin paths, forward the rest")
+    front.add_argument("--listen", required=True, help="host:port clients connect to")
+    front.add_argument("--upstream", required=True, help="host:port of the router, on loopback")
+    front.add_argument("--client-key-file", type=Path, required=True)
+    front.add_argument("--admin-key-file", type=Path, required=True)
+    front.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    front.add_argument("--upstream-timeout-s", type=float, default=900.0)
     serve = sub.add_parser("serve", help="run vllm-router with client keys required; router flags after --")
     serve.add_argument("--key-check-url", action="append", default=[])
     serve.add_argument("--worker-key-file", type=Path,
@@ -120,8 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("router_args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     try:
-        if opts.command == "keycheck":
-            server = keycheck_server(opts.listen, read_keys(opts.key_file))
+        if opts.command in ("keycheck", "front"):
+            if opts.command == "keycheck":
+                server = keycheck_server(opts.listen, [key for path in opts.key_file for key in read_keys(path)])
+            else:
+                client_keys, admin_keys = read_keys(opts.client_key_file), read_keys(opts.admin_key_file)
+                if set(client_keys) & set(admin_keys):
+                    raise ValueError(f"{opts.admin_key_file}: holds a client key too; the admin key must be a "
+                                     "secret of its own")
+                server = front_server(opts.listen, opts.upstream, client_keys, admin_keys, opts.max_body_bytes,
+                                      upstream_timeout_s=opts.upstream_timeout_s)
             thread = threading.Thread(target=server.serve_forever, daemon=True)
             thread.start()
             thread.join()

@@ -7,7 +7,8 @@ Short chats go through the router (--router, key from $TWINSPARK_API_KEY, never 
 When --act-at answers have come back, --action runs (a shell command: SIGKILL a pair's head, a rolling restart).
 The loop sends at least --total requests and goes on until the action has ended and the victim pair (--victim, its
 head API as the router lists it) has come back into the router and served traffic again, bounded by --limit-s.
-Meanwhile the router's own view is sampled once a second: /list_workers (through the router, with the key) and its
+Meanwhile the router's own view is sampled once a second: /list_workers (through the router's front, with the router's
+admin key from $TWINSPARK_ROUTER_ADMIN_KEY, never printed: the front refuses the clients' key there) and its
 Prometheus text on the router node's loopback (vllm_router_worker_health, vllm_router_processed_requests_total; read
 with --metrics-cmd, a command printing that text).
 
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     key = os.environ.get("TWINSPARK_API_KEY", "")
     if not key:
         parser.error("TWINSPARK_API_KEY is empty: export the fleet's API key (it is never printed)")
+    admin_key = os.environ.get("TWINSPARK_ROUTER_ADMIN_KEY", "")
+    if not admin_key:
+        parser.error("TWINSPARK_ROUTER_ADMIN_KEY is empty: export the router's admin key, which /list_workers needs "
+                     "(it is never printed)")
 
     lock = threading.Lock()
     stop = threading.Event()
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def sample() -> None:
         while not stop.is_set():
-            status, body = routerclient.request(args.router, "/list_workers", key, timeout_s=5)
+            status, body = routerclient.request(args.router, "/list_workers", admin_key, timeout_s=5)
             in_list = listed(body, args.victim) if status == 200 else None
             try:
                 text = subprocess.run(args.metrics_cmd, shell=True, timeout=10, capture_output=True,

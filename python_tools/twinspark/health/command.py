@@ -188,8 +188,9 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
                 list_workers: Callable[[str, str | None, float], tuple[int | None, str]] | None = None,
                 others: tuple[str, ...] = ()) -> tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]:
     """Every pair of a fleet (`inventory.FleetView`) swept as a one-pair inventory is, one after another, then the
-    router's worker list (asked with the first pair's key, which the router's key file holds too). `others`: URLs
-    of the fleet's pairs left out by --limit, which the router lists without being judged for it."""
+    router's worker list (asked with the router's admin key from the inventory, the only key its front lets through
+    to /list_workers; without one readable here, with the first pair's key, which the front refuses: 403).
+    `others`: URLs of the fleet's pairs left out by --limit, which the router lists without being judged for it."""
     seen: list[fleetreport.PairSeen] = []
     key: str | None = None
     if view.problems:
@@ -207,7 +208,7 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
         return seen, None
     netguard.check([view.router_url])
     ask = list_workers or _list_workers
-    status, body = ask(view.router_url, key, timeout)
+    status, body = ask(view.router_url, view.router_admin_key or key, timeout)
     listed = routerclient.listed_from_answer(status, body)
     router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
     return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)

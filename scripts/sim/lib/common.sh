@@ -113,6 +113,10 @@ head_api_key() {
       if (keys[1] != "") { print keys[1]; exit }
     }'
 }
+# The router's admin key, as the router node holds it (roles/router: router_admin_key_file); empty when unreadable.
+router_admin_key() {
+  timeout 10 "$SIM_SCRIPTS/nx" node5 cat /etc/twinspark-router/admin.key 2>/dev/null | tr -d '\r' | awk 'NF { print $1; exit }'
+}
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 node_index() { echo "${1#node}"; }

@@ -1,0 +1,203 @@
+"""The router's front (routerlaunch.py front): its rules as plain data, then the real server on 127.0.0.1 in front of
+a small upstream that records what reached it (docs/FLEET.md, "API keys")."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from twinspark import routerclient, routerlaunch
+
+CLIENT, ADMIN = "client-test-only-key", "admin-test-only-key"
+
+def test_every_state_changing_or_worker_revealing_path_is_an_admin_path():
+    """routerclient.ROUTER_ADMIN_PATHS is written by hand: the front must treat exactly those of the router's paths
+    as admin paths (a path dropped from routerlaunch.ADMIN_PATHS, or one added by mistake, fails here)."""
+    admin = [(method, path) for method, path in routerclient.ROUTER_PATHS if routerlaunch.is_admin_path(path)]
+    assert admin == routerclient.ROUTER_ADMIN_PATHS
+
+
+@pytest.mark.parametrize("target", [
+    "/add_worker?url=http://198.51.100.7:80", "//add_worker", "/./add_worker", "/v1/../add_worker", "/%61dd_worker",
+    "/%2561dd_worker", "/ADD_WORKER", "/add_worker/", "/workers/http%3A%2F%2Fx", "http://router/add_worker",
+    "/add_worker;x", "/add_worker%00"])
+def test_spellings_of_an_admin_path_are_admin_paths(target):
+    assert routerlaunch.is_admin_path(target)
+    assert routerlaunch.decide(f"Bearer {CLIENT}", target, [CLIENT], [ADMIN]).status == 403
+
+
+@pytest.mark.parametrize("target", ["/v1/chat/completions", "/v1/models", "/health", "/v1/responses/x/cancel",
+                                    "/finish_session?session_id=s", "/tokenize", "/worker", "/v1/workers"])
+def test_client_paths_are_not_admin_paths(target):
+    assert not routerlaunch.is_admin_path(target)
+
+
+@pytest.mark.parametrize(("authorization", "target", "status"), [
+    (None, "/v1/chat/completions", 401), ("Bearer nope", "/v1/models", 401), (f"Basic {CLIENT}", "/health", 401),
+    (None, "/add_worker?url=x", 401), (f"Bearer {CLIENT}", "/v1/chat/completions", 0),
+    (f"Bearer {CLIENT}", "/add_worker?url=x", 403), (f"Bearer {CLIENT}", "/list_workers", 403),
+    (f"Bearer {ADMIN}", "/add_worker?url=x", 0), (f"Bearer {ADMIN}", "/v1/chat/completions", 0)])
+def test_decide(authorization, target, status):
+    verdict = routerlaunch.decide(authorization, target, [CLIENT], [ADMIN])
+    assert verdict.status == status
+    assert bool(verdict.error) is bool(status)
+
+
+def test_a_refusal_is_one_line_of_json_naming_no_key():
+    body = routerlaunch.error_body(routerlaunch.decide(f"Bearer {CLIENT}", "/add_worker", [CLIENT], [ADMIN]))
+    assert body.count(b"\n") == 1 and body.endswith(b"\n")
+    assert json.loads(body)["error"]["code"] == 403
+    assert CLIENT.encode() not in body and ADMIN.encode() not in body
+
+
+def test_forwarded_headers_keep_authorization_and_drop_the_connections_own():
+    headers = [("Authorization", f"Bearer {CLIENT}"), ("Content-Type", "application/json"),
+               ("Connection", "keep-alive, X-Hop"), ("X-Hop", "1"), ("Transfer-Encoding", "chunked"),
+               ("Host", "router:30000"), ("Content-Length", "12"), ("X-Request-Id", "r1")]
+    assert routerlaunch.forwarded_headers(headers) == [
+        ("Authorization", f"Bearer {CLIENT}"), ("Content-Type", "application/json"), ("X-Request-Id", "r1")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real front on loopback
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Upstream:
+    """A small upstream on 127.0.0.1 recording every request; /stream sends one SSE event, waits until the test
+    has read it through the front (`release`), then sends the last."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+        self.release = threading.Event()
+        self.finished = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args) -> None:
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                owner.seen.append({"method": self.command, "path": self.path, "headers": dict(self.headers.items()),
+                                   "body": body})
+                if self.path == "/stream":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for event, wait in ((b"data: one\n\n", True), (b"data: [DONE]\n\n", False)):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                        self.wfile.flush()
+                        if wait:
+                            owner.release.wait(timeout=20)
+                    self.wfile.write(b"0\r\n\r\n")
+                    owner.finished.set()
+                    return
+                answer = json.dumps({"path": self.path}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            do_GET = do_POST = do_DELETE = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+
+
+@pytest.fixture
+def front():
+    upstream = Upstream()
+    server = routerlaunch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [CLIENT], [ADMIN],
+                                       max_body_bytes=1024, client_timeout_s=10, upstream_timeout_s=10)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (upstream.server, server)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield server.server_address[1], upstream
+    finally:
+        for s in (server, upstream.server):
+            s.shutdown()
+            s.server_close()
+
+
+def _ask(port: int, method: str, path: str, key: str | None, body: bytes | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    conn.request(method, path, body=body, headers=headers)
+    answer = conn.getresponse()
+    data = answer.read()
+    conn.close()
+    return answer.status, data
+
+
+@pytest.mark.parametrize(("method", "path"), routerclient.ROUTER_ADMIN_PATHS)
+def test_the_front_refuses_a_client_key_on_every_admin_path_and_passes_the_admin_key(front, method, path):
+    port, upstream = front
+    body = json.dumps(routerclient.ROUTER_BODIES.get(path.split("?")[0], {})).encode() if method == "POST" else None
+    status, data = _ask(port, method, path, CLIENT, body)
+    assert status == 403 and json.loads(data)["error"]["code"] == 403
+    assert upstream.seen == []
+    status, data = _ask(port, method, path, ADMIN, body)
+    assert status == 200, data
+    assert [(s["method"], s["path"]) for s in upstream.seen] == [(method, path)]
+
+
+@pytest.mark.parametrize("key", [None, "not-the-key"])
+def test_the_front_refuses_no_key_and_a_wrong_key_before_the_router(front, key):
+    port, upstream = front
+    assert _ask(port, "POST", "/v1/chat/completions", key, b"{}")[0] == 401
+    assert _ask(port, "POST", "/add_worker?url=http://198.51.100.7:80", key, b"{}")[0] == 401
+    assert upstream.seen == []
+
+
+def test_a_client_request_reaches_the_router_unchanged_with_its_key(front):
+    port, upstream = front
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    status, data = _ask(port, "POST", "/v1/chat/completions?x=1", CLIENT, body)
+    assert status == 200 and json.loads(data) == {"path": "/v1/chat/completions?x=1"}
+    [seen] = upstream.seen
+    assert seen["method"] == "POST" and seen["path"] == "/v1/chat/completions?x=1"
+    assert seen["headers"]["Authorization"] == f"Bearer {CLIENT}"
+    assert seen["headers"]["Content-Type"] == "application/json"
+    assert seen["body"] == body
+
+
+def test_a_body_over_the_bound_is_refused_413(front):
+    port, upstream = front
+    assert _ask(port, "POST", "/v1/chat/completions", CLIENT, b"x" * 2048)[0] == 413
+    assert upstream.seen == []
+
+
+def test_a_streamed_answer_arrives_event_by_event_before_the_router_has_finished(front):
+    port, upstream = front
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", "/stream", body=b"{}", headers={"Authorization": f"Bearer {CLIENT}"})
+    answer = conn.getresponse()
+    assert answer.status == 200 and answer.getheader("Content-Type") == "text/event-stream"
+    first = answer.read1(65536)
+    # the upstream holds its last event until released: the first one came through on its own
+    assert first == b"data: one\n\n" and not upstream.finished.is_set()
+    upstream.release.set()
+    rest = answer.read()
+    conn.close()
+    assert rest == b"data: [DONE]\n\n"
+    assert upstream.finished.wait(timeout=10)
+
+
+def test_a_router_that_does_not_answer_is_a_502(front):
+    port, upstream = front
+    upstream.server.shutdown()
+    upstream.server.server_close()
+    status, data = _ask(port, "GET", "/v1/models", CLIENT)
+    assert status == 502 and CLIENT.encode() not in data
