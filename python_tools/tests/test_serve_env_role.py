@@ -75,7 +75,11 @@ def test_filter_on_the_sim_inventory():
     assert head["GLOO_SOCKET_IFNAME"] == "ic0"
     for env in (head, worker):
         assert validate.validate(env).ok
-    assert filters.twinspark_env_file(head, "secrets") == {"VLLM_API_KEY": "twinspark-sim-test-only-key"}
+    # The secrets file's knobs; the role leaves the router's admin key out of secrets.env (roles/serve_env/vars: the
+    # drain reads it from its root-only file; test_the_routers_admin_key_goes_to_the_heads_drain_key_only...).
+    assert filters.twinspark_env_file(head, "secrets") == {
+        "VLLM_API_KEY": "twinspark-sim-test-only-key",
+        "TWINSPARK_ROUTER_ADMIN_KEY": "twinspark-sim-test-only-admin-key"}
     assert "VLLM_API_KEY" not in filters.twinspark_env_file(head, "serve")
 
 
