@@ -191,6 +191,61 @@ def test_sha256_without_a_manifest_is_invalid_input(tmp_path, capsys):
     assert "needs a manifest" in err
 
 
+def test_verify_against_a_manifest_outside_the_copy_ignores_the_one_inside(tmp_path, capsys):
+    copy, outside = tmp_path / "copy", tmp_path / "model-manifest.json"
+    make_sharded_model(copy, shards=2)
+    run_cli(capsys, "manifest", str(copy), "--output", str(outside))
+    (copy / "config.json").write_text('{"model_type": "llama", "planted": true}')  # other size
+    run_cli(capsys, "manifest", str(copy), "--output", str(copy / model.MANIFEST_NAME))  # rewritten to match
+
+    assert run_cli(capsys, "verify", str(copy))[0] == 0  # the copy's own manifest vouches for the change
+    code, out, _ = run_cli(capsys, "verify", str(copy), "--manifest", str(outside))
+    assert code == 1
+    assert "config.json: too long" in out
+    assert out.splitlines()[0].endswith(f"against {outside}:")
+
+
+def test_a_missing_manifest_given_with_manifest_is_a_problem_and_the_copy_s_own_is_not_read(tmp_path, capsys):
+    make_sharded_model(tmp_path, shards=1)
+    run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / model.MANIFEST_NAME))
+    absent = tmp_path.parent / "absent-manifest.json"
+
+    code, out, err = run_cli(capsys, "verify", str(tmp_path), "--manifest", str(absent), "--json")
+
+    assert code == 1, err
+    report = json.loads(out)
+    assert report["problem_names"][0] == f"manifest {absent}"
+    assert report["problems"][0]["kind"] == "missing" and report["manifest"] is None
+
+
+def test_a_manifest_names_its_directory_and_is_rewritten_for_another_one(tmp_path, capsys):
+    """One manifest path per node: switching back to an older snapshot with the same names and sizes (its blobs
+    older than the manifest) must not keep the other snapshot's digests."""
+    old, new = tmp_path / "snapshots" / ("a" * 40), tmp_path / "snapshots" / ("b" * 40)
+    make_sharded_model(old, shards=1)
+    make_sharded_model(new, shards=1)
+    shard = new / "model-00001-of-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    outside = tmp_path / "model-manifest.json"
+
+    assert run_cli(capsys, "manifest", str(new), "--output", str(outside))[1].count('"written"') == 1
+    assert model.load_manifest(outside)["directory"] == str(new)
+    assert run_cli(capsys, "manifest", str(old), "--output", str(outside))[1].count('"written"') == 1
+    assert model.load_manifest(outside)["directory"] == str(old)
+    assert run_cli(capsys, "verify", str(old), "--manifest", str(outside), "--sha256")[0] == 0
+
+
+def test_a_manifest_from_before_manifests_named_their_directory_is_kept(tmp_path, capsys):
+    make_sharded_model(tmp_path, shards=1)
+    legacy = model.build_manifest(tmp_path)
+    del legacy["directory"]
+    (tmp_path / model.MANIFEST_NAME).write_text(json.dumps(legacy))
+    out = run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / model.MANIFEST_NAME))[1]
+    assert '"unchanged"' in out
+
+
 # --- offline refs -------------------------------------------------------------------------------------------
 
 
@@ -413,3 +468,25 @@ def test_fetch_of_a_complete_pinned_snapshot_makes_no_hub_call_and_writes_the_re
     assert first == {"snapshot": str(snapshot), "commit": model.PINNED_REVISION, "downloaded": False, "changed": True}
     assert second["changed"] is False
     assert model.resolve_offline(tmp_path, "org/name", None) == model.PINNED_REVISION
+
+
+def test_fetch_judges_a_pinned_snapshot_by_the_node_s_manifest_when_it_describes_it(tmp_path, monkeypatch):
+    calls = []
+
+    def hub_called(plan):
+        calls.append(plan)
+        raise model.ModelRuntimeError("the hub was asked")
+
+    monkeypatch.setattr(model, "_import_hub", hub_called)
+    snapshot = make_cached_snapshot(tmp_path, "org/name", model.PINNED_REVISION)
+    outside = tmp_path / "model-manifest.json"
+    model.write_manifest(snapshot, outside)
+    (snapshot / "config.json").unlink()  # the shards alone still look complete
+    plan = model.build_download_plan("org/name", None, str(tmp_path), environ={})
+
+    assert model.fetch(plan, reserve=0)["downloaded"] is False
+    with pytest.raises(model.ModelRuntimeError, match="the hub was asked"):
+        model.fetch(plan, reserve=0, manifest=outside)
+    other = json.loads(outside.read_text()) | {"directory": str(tmp_path / "another")}
+    outside.write_text(json.dumps(other))
+    assert model.fetch(plan, reserve=0, manifest=outside)["downloaded"] is False  # not this snapshot's manifest

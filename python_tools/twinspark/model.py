@@ -322,6 +322,8 @@ class VerifyReport:
     bytes: int
     checksums: bool
     problems: list[Problem]
+    # The manifest the sizes and digests came from (None: none, shards checked against their own headers).
+    manifest: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -336,10 +338,11 @@ class VerifyReport:
 
     def text(self) -> str:
         what = f"{self.shards} shard(s), {self.files} file(s), {_human(self.bytes)}"
+        against = f" against {self.manifest}" if self.manifest else ""
         if self.ok:
-            return f"{self.directory}: ok: {what}" + (", sha256 checked" if self.checksums else "")
+            return f"{self.directory}: ok: {what}" + (", sha256 checked" if self.checksums else "") + against
         where = f" in {what}" if self.files else ""
-        lines = [f"{self.directory}: {len(self.problems)} problem(s){where}:"]
+        lines = [f"{self.directory}: {len(self.problems)} problem(s){where}{against}:"]
         lines += [f"  {p.line()}" for p in self.problems[:MAX_LISTED_PROBLEMS]]
         if len(self.problems) > MAX_LISTED_PROBLEMS:
             lines.append(f"  ... and {len(self.problems) - MAX_LISTED_PROBLEMS} more (--json lists all)")
@@ -368,12 +371,15 @@ def file_sha256(path: str | Path, chunk: int = 8 * 1024 * 1024) -> str:
 
 
 def build_manifest(model_dir: str | Path, hasher: Callable[[Path], str] = file_sha256) -> dict[str, Any]:
+    """Size and SHA-256 of every file, and the directory they were read from (on the node that fetched the model):
+    a manifest kept outside the copy, at one path per node, must say which snapshot it describes."""
     root = Path(model_dir)
     files = {}
     for rel in model_files(root):
         path = root / rel
         files[rel] = {"size": path.stat().st_size, "sha256": hasher(path)}
-    return {"format": MANIFEST_FORMAT, "files": files, "total_bytes": sum(f["size"] for f in files.values())}
+    return {"format": MANIFEST_FORMAT, "directory": str(root), "files": files,
+            "total_bytes": sum(f["size"] for f in files.values())}
 
 
 def load_manifest(path: str | Path) -> dict[str, Any]:
@@ -388,8 +394,18 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def describes(manifest: Mapping[str, Any], model_dir: str | Path) -> bool:
+    """Whether a manifest was written for this directory. One written before manifests named their directory
+    (format 1 without `directory`) lived inside the directory it describes, so it counts as this one's."""
+    return manifest.get("directory", str(Path(model_dir))) == str(Path(model_dir))
+
+
 def manifest_is_current(manifest: Mapping[str, Any], model_dir: str | Path, manifest_mtime: float) -> bool:
-    """A manifest still describes a directory when the same files have the same sizes and none changed after it."""
+    """A manifest still describes a directory when it was written for it, the same files have the same sizes and
+    none changed after it. (Two snapshots of one repository can hold the same names and sizes, and switching back to
+    an older one finds blobs older than the manifest: the directory tells them apart.)"""
+    if not describes(manifest, model_dir):
+        return False
     root = Path(model_dir)
     names = model_files(root)
     if sorted(manifest["files"]) != names:
@@ -547,12 +563,13 @@ def _import_hub(plan: DownloadPlan) -> Any:
     return huggingface_hub
 
 
-def fetch(plan: DownloadPlan, reserve: int, check_space: bool = True) -> dict[str, Any]:
+def fetch(plan: DownloadPlan, reserve: int, check_space: bool = True,
+          manifest: Path | None = None) -> dict[str, Any]:
     """Download the snapshot (resuming), after checking the disk; write the offline ref. No hub call when a pinned
-    snapshot is already complete."""
+    snapshot is already complete (checked against `manifest`, the node's own, when it describes the snapshot)."""
     if is_commit(plan.revision):
         existing = snapshot_dir(plan.hf_home, plan.repo_id, plan.revision)
-        if existing.is_dir() and _complete(existing):
+        if existing.is_dir() and _complete(existing, manifest):
             changed = write_ref(plan.hf_home, plan.repo_id, plan.revision, plan.ref_branch)
             return {"snapshot": str(existing), "commit": plan.revision, "downloaded": False, "changed": changed}
     hub = _import_hub(plan)
@@ -571,10 +588,17 @@ def fetch(plan: DownloadPlan, reserve: int, check_space: bool = True) -> dict[st
     return {"snapshot": str(path), "commit": commit, "downloaded": needed != 0, "changed": True}
 
 
-def _complete(directory: Path) -> bool:
-    manifest_path = directory / MANIFEST_NAME
+def _complete(directory: Path, manifest_path: Path | None = None) -> bool:
+    """A snapshot is complete when it verifies against the node's manifest (when that one describes this snapshot),
+    else against a manifest a previous release left inside it, else by its shards' own headers."""
     try:
-        manifest = load_manifest(manifest_path) if manifest_path.exists() else None
+        manifest = None
+        if manifest_path is not None and manifest_path.exists():
+            manifest = load_manifest(manifest_path)
+            manifest = manifest if describes(manifest, directory) else None
+        inside = directory / MANIFEST_NAME
+        if manifest is None and inside.exists():
+            manifest = load_manifest(inside)
         return verify_model_dir(directory, manifest).ok
     except (ModelRuntimeError, ModelInputError):
         return False
@@ -617,7 +641,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     plan = _plan_from_args(args)
-    result = fetch(plan, reserve=args.reserve_bytes, check_space=not args.skip_space_check)
+    manifest = Path(args.manifest) if args.manifest else None
+    result = fetch(plan, reserve=args.reserve_bytes, check_space=not args.skip_space_check, manifest=manifest)
     _print(result, args.json, f"{result['snapshot']} ({'changed' if result['changed'] else 'unchanged'})")
     return 0
 
@@ -641,13 +666,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if is_commit(revision):
             ref_problem = check_offline_ref(args.hf_home, args.repo_id, commit, args.ref_branch)
     manifest_path = Path(args.manifest) if args.manifest else directory / MANIFEST_NAME
-    if args.manifest or manifest_path.exists():
+    manifest_problem = None
+    if args.manifest and not manifest_path.exists():
+        # The manifest named is the one to trust: without it the copy is not verified, whatever it holds itself.
+        detail = "the manifest given with --manifest; role model_cache writes it, `twinspark model manifest` makes one"
+        manifest_problem = Problem(f"manifest {manifest_path}", "missing", detail, str(manifest_path))
+        manifest = None
+    elif manifest_path.exists():
         manifest = load_manifest(manifest_path)
     elif args.sha256:
         raise ModelInputError(f"--sha256 needs a manifest: none given and {manifest_path} does not exist")
     else:
         manifest = None
-    report = verify_model_dir(directory, manifest, check_sha256=args.sha256)
+    report = verify_model_dir(directory, manifest, check_sha256=args.sha256 and manifest is not None)
+    report.manifest = str(manifest_path) if manifest is not None else None
+    if manifest_problem:
+        report.problems.insert(0, manifest_problem)
     if ref_problem:
         report.problems.append(ref_problem)
     _print(report.as_dict(), args.json, report.text())
@@ -710,12 +744,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fetch_parser.add_argument("--max-workers", type=int, default=8)
     fetch_parser.add_argument("--reserve-bytes", type=int, default=DEFAULT_RESERVE_BYTES)
     fetch_parser.add_argument("--skip-space-check", action="store_true", help="do not ask the hub for file sizes")
+    fetch_parser.add_argument("--manifest", help="this node's manifest: a pinned snapshot it describes and matches "
+                              "needs no hub call")
     fetch_parser.set_defaults(func=_guarded(cmd_fetch))
 
     verify = verbs.add_parser("verify", help="check every shard of a model directory or cached snapshot")
     verify.add_argument("directory", nargs="?", help="model directory (default: resolve the hub cache offline)")
     _add_hub_args(verify)
-    verify.add_argument("--manifest", help=f"manifest to check against (default: DIR/{MANIFEST_NAME} if present)")
+    verify.add_argument("--manifest", help="manifest to check against, never the copy's own; missing, it is a problem "
+                        f"(default: DIR/{MANIFEST_NAME} if present, which whoever writes the copy also writes)")
     verify.add_argument("--sha256", action="store_true", help="also compare SHA-256 with the manifest (reads all)")
     verify.set_defaults(func=_guarded(cmd_verify))
 
