@@ -402,3 +402,21 @@ def test_health_resolves_the_gid_with_the_launchers_match_ip(monkeypatch, extra,
     assert asked == [expected]
     assert facts["gid"] == {"index": 3, "match_ip": expected}
     assert launcher.match_ip(env, lambda name: ["10.77.0.5"] if name == "enp1s0f0np0" else []) == expected
+
+
+def test_the_model_check_trusts_the_node_s_manifest_never_the_one_inside_the_copy(tmp_path):
+    from twinspark import model as checkpoint
+
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_text("{}")
+    (copy / "model.safetensors").write_bytes(safetensors_bytes())
+    outside = tmp_path / "model-manifest.json"
+    checkpoint.write_manifest(copy, outside)
+    (copy / "config.json").write_text('{"planted": 1}')
+    checkpoint.write_manifest(copy, copy / checkpoint.MANIFEST_NAME)  # the copy vouches for itself
+
+    facts = gather.read_model({"MODEL": str(copy)}, manifest_path=outside)
+    assert facts["missing"] == ["config.json (too long)"]
+    assert checks.check_model("n", facts).status == FAILED
+    assert gather.read_model({"MODEL": str(copy)}, manifest_path=tmp_path / "none.json")["missing"] == []

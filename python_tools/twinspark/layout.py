@@ -59,6 +59,7 @@ class Layout:
     guard_pause: str
     guard_dir: str
     guard_state: str
+    model_manifest: str
     node_file: str
     serve_env: str
     secrets_env: str

@@ -286,8 +286,9 @@ def check_model(node: str, model: Mapping[str, object]) -> CheckResult:
     counts as on the node only when it holds config.json) and runs `twinspark model verify`'s rules on it
     (twinspark/model.py, verify_model_dir): every shard (the index's weight_map, or the single model.safetensors) is
     there at its full size, the size the manifest records or else the size the shard's own safetensors header
-    implies; and, when the directory holds the role's twinspark-manifest.json, every other file the manifest lists
-    is there at the size it records. SHA-256 is not recomputed here (`twinspark model verify --sha256` does that).
+    implies; and, when the node holds the role's manifest (layout model_manifest, outside the copy), every other
+    file the manifest lists is there at the size it records. SHA-256 is not recomputed here (`twinspark model
+    verify --sha256` does that).
     `model` holds `model` (id or path), `revision`, `path` (the resolved directory, None when not on the node),
     `missing` ("<file> (<what is wrong>)" per problem: missing, short, too long, unreadable header ...), `shards`
     (how many were checked) and `error` (MODEL unset, or a manifest that cannot be read).

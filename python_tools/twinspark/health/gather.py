@@ -222,9 +222,12 @@ def read_fabric(env: Mapping[str, str], gb10: bool, run: Run = run_command,
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def read_model(env: Mapping[str, str]) -> dict[str, object]:
+def read_model(env: Mapping[str, str], manifest_path: Path | None = None) -> dict[str, object]:
     """Where the configured model is on this node and what `twinspark model verify` finds wrong with it: the same
-    rules as the model role (every shard at full size, and every file of the manifest when there is one)."""
+    rules as the model role (every shard at full size, and every file of the manifest when there is one). The
+    manifest is the node's own, outside the copy (layout model_manifest, or `manifest_path`), never one found inside
+    the copy: whoever writes the copy could write that one too."""
+    manifest_path = manifest_path or Path(layout.current().model_manifest)
     model = env.get("MODEL", "")
     revision = env.get("MODEL_REVISION", "")
     facts: dict[str, object] = {"model": model, "revision": revision, "path": None, "missing": [], "shards": 0}
@@ -241,9 +244,9 @@ def read_model(env: Mapping[str, str]) -> dict[str, object]:
     facts["path"] = str(path)
     facts["snapshot"] = path.name if not Path(model).is_absolute() else revision
     manifest = None
-    if (path / checkpoint.MANIFEST_NAME).is_file():
+    if manifest_path.is_file():
         try:
-            manifest = checkpoint.load_manifest(path / checkpoint.MANIFEST_NAME)
+            manifest = checkpoint.load_manifest(manifest_path)
         except checkpoint.ModelInputError as error:
             facts["error"] = str(error)
             return facts
