@@ -157,3 +157,94 @@ def test_roots_audit_resolves_a_chain_of_links_that_each_look_inside(worker):
     assert result.returncode == 1
     assert f"{copy / 'out'}: link to 'here/here/here/../../..' leaves the copy" in result.stdout
     assert f"{copy / 'here'}:" not in result.stdout
+
+
+# The manifest outside the copy (issue 32, row 7): the key writes the copy, so it can rewrite a manifest inside it
+# together with the weights. The role verifies against the node's own manifest, outside the copy, instead.
+
+
+def _role_verify(copy: Path, outside: Path, *extra: str) -> tuple[int, str]:
+    """`twinspark model verify` with the arguments the role gives the simulated worker (model_cache_verify_argv,
+    rendered by Ansible from inventory/sim), its model directory and manifest moved to this test's copy and
+    `outside`; run in this process as the test's account (the role adds setpriv in front)."""
+    import contextlib
+    import io
+
+    from test_perpair import SIM, evaluator
+
+    from twinspark import cli
+
+    _, evaluate = evaluator(SIM)
+    argv = evaluate("node2", "{{ model_cache_verify_argv }}")
+    moved = {evaluate("node2", "{{ model_cache_dir }}"): str(copy),
+             evaluate("node2", "{{ model_cache_manifest }}"): str(outside)}
+    args = [moved.get(arg, arg) for arg in argv[argv.index("verify") + 1:]]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["model", "verify", *args, *extra])
+    return code, out.getvalue()
+
+
+def _own_tree(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        _own(path)
+
+
+def test_weights_swapped_with_their_manifest_in_the_copy_fail_against_the_manifest_kept_outside(worker, tmp_path):
+    from test_model import write_safetensors
+
+    from twinspark import model
+
+    rsh, copy, _ = worker
+    head = tmp_path / "head"
+    write_safetensors(head / "model.safetensors", {"w": 4096, "b": 64})
+    (head / "config.json").write_text("{}\n")
+    outside = tmp_path / "model-manifest.json"  # written where the model was fetched, sent over Ansible
+    model.write_manifest(head, outside)
+    assert _rsync(rsh, f"{head}/", "fake:.").returncode == 0  # the head's real copy
+    _own_tree(copy)
+    assert _role_verify(copy, outside, "--sha256")[0] == 0
+
+    # What the key can do: other weights (valid, of another size) and a manifest that matches them, both in the copy.
+    attacker = tmp_path / "attacker"
+    write_safetensors(attacker / "model.safetensors", {"w": 4096, "b": 64, "planted": 512})
+    (attacker / "config.json").write_text("{}\n")
+    model.write_manifest(attacker, attacker / model.MANIFEST_NAME)
+    pushed = _rsync(rsh, "--ignore-times", str(attacker / "model.safetensors"), str(attacker / model.MANIFEST_NAME),
+                    "fake:.")
+    assert pushed.returncode == 0, pushed.stderr
+
+    # Read from inside the copy, the swapped pair is consistent: the previous release's verification passed it.
+    for extra in ((), ("--sha256",)):
+        code, out = _role_verify(copy, copy / model.MANIFEST_NAME, *extra)
+        assert code == 0, out
+    code, out = _role_verify(copy, outside)
+    assert code == 1
+    assert "model.safetensors: too long" in out and f"against {outside}" in out
+
+    # Same size, other bytes: the sizes cannot tell; the digests of the manifest outside do.
+    data = bytearray((head / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (attacker / "model.safetensors").write_bytes(bytes(data))
+    model.write_manifest(attacker, attacker / model.MANIFEST_NAME)
+    pushed = _rsync(rsh, "--ignore-times", str(attacker / "model.safetensors"), str(attacker / model.MANIFEST_NAME),
+                    "fake:.")
+    assert pushed.returncode == 0, pushed.stderr
+    code, out = _role_verify(copy, copy / model.MANIFEST_NAME, "--sha256")
+    assert code == 0, out
+    code, out = _role_verify(copy, outside, "--sha256")
+    assert code == 1 and "model.safetensors: checksum mismatch" in out
+
+
+def test_the_role_verifies_every_node_against_the_manifest_outside_its_copy():
+    from test_perpair import SIM, evaluator
+
+    _, evaluate = evaluator(SIM)
+    for node in ("node1", "node2"):
+        argv = evaluate(node, "{{ model_cache_verify_argv }}")
+        manifest = evaluate(node, "{{ model_cache_manifest }}")
+        copy = evaluate(node, "{{ model_cache_sync_root }}")
+        assert argv[argv.index("--manifest") + 1] == manifest == "/var/lib/twinspark/model-manifest.json"
+        assert not manifest.startswith(copy.rstrip("/") + "/")
+    excludes = evaluate("node2", "{{ model_cache_rsync_manifest_excludes }}")
+    assert "--exclude=/twinspark-manifest.json" in excludes  # no copy carries a manifest to a node
