@@ -65,6 +65,17 @@ def twinspark_runtime_check_sandbox(command, profile, user, secrets_env):
         raise AnsibleFilterError(f"twinspark_runtime_check_sandbox: {error}") from None
 
 
+def twinspark_fabric_bench_sandbox(command, profile, user, environment, timeout_s):
+    """`twinspark fabric bench`'s argv -> the argv root runs: systemd-run starting it as `user` in a sandboxed
+    transient unit with the network, the profile's devices and `environment` (twinspark.runtime_sandbox)."""
+    try:
+        return runtime_sandbox.wrap_fabric_bench([str(word) for word in command], str(profile), str(user),
+                                                 {str(k): str(v) for k, v in dict(environment).items()},
+                                                 int(timeout_s))
+    except ValueError as error:
+        raise AnsibleFilterError(f"twinspark_fabric_bench_sandbox: {error}") from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -73,4 +84,5 @@ class FilterModule:
             "twinspark_first_boot_timers": twinspark_first_boot_timers,
             "twinspark_first_boot_retired": twinspark_first_boot_retired,
             "twinspark_runtime_check_sandbox": twinspark_runtime_check_sandbox,
+            "twinspark_fabric_bench_sandbox": twinspark_fabric_bench_sandbox,
         }

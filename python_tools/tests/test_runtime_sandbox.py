@@ -6,12 +6,16 @@ the vllm_service role renders it from the simulated pair's and the example inven
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import pytest
+import yaml
 
-from twinspark import layout, runtime_sandbox
+from twinspark import generate, layout, runtime_sandbox
+
+ROOT = generate.repo_root()
 
 LAYOUT = layout.default()
 COMMAND = runtime_sandbox.check_command(LAYOUT.venv + "/bin/python", [LAYOUT.serve_env, LAYOUT.secrets_env])
@@ -96,3 +100,71 @@ def test_the_check_units_exposure_is_below_the_ranks(tmp_path, profile):
     score = float(done.stdout.split("Overall exposure level for")[1].split(":")[1].split()[0])
     assert score <= 1.5, done.stdout[-2000:]
 
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_the_fabric_bench_runs_as_the_serving_account_with_the_network_and_its_variables(profile):
+    command = [LAYOUT.python, "-I", "-m", "twinspark.cli", "fabric", "bench", "--rank", "0"]
+    argv = runtime_sandbox.wrap_fabric_bench(command, profile, LAYOUT.service_user, {"NCCL_IB_HCA": "=roce0"}, 780)
+    assert argv[:3] == ["timeout", "840", "systemd-run"] and argv[argv.index("--") + 1:] == command
+    assert "--setenv=NCCL_IB_HCA==roce0" in argv
+    props = _properties(argv)
+    assert f"User={LAYOUT.service_user}" in props and "RuntimeMaxSec=780" in props
+    assert "LimitMEMLOCK=infinity" in props and "CapabilityBoundingSet=" in props
+    # it measures the fabric: the network stays, and on gb10 the RDMA verbs are open to it
+    assert "PrivateNetwork=yes" not in props and "IPAddressDeny=any" not in props
+    assert ("DeviceAllow=char-infiniband_verbs rw" in props) == (profile == "gb10")
+    assert not any(p.startswith("LoadCredential=") for p in props)
+
+
+# A task that starts the runtime's code (vLLM or torch) by one of these verbs must build its argv through a sandbox
+# filter; a variable holding such an argv is checked where it is rendered (test_unit_hardening.py).
+RUNTIME_VERBS = re.compile(r"\bruntime\b\W+check\b|\bfabric\b\W+bench\b")
+COMMAND_KEYS = ("ansible.builtin.command", "ansible.builtin.shell", "command", "shell")
+
+
+def _unsandboxed(text: str) -> list[str]:
+    from test_entry_points import _tasks
+
+    found = []
+    for task in _tasks(yaml.safe_load(text)):
+        for key in COMMAND_KEYS:
+            spec = str(task.get(key, ""))
+            if RUNTIME_VERBS.search(spec) and "_sandbox(" not in spec:
+                found.append(str(task.get("name")))
+    return found
+
+
+def test_no_task_starts_the_runtime_check_or_the_fabric_bench_as_root():
+    from test_entry_points import _yaml_files
+
+    offenders = {str(path.relative_to(ROOT)): names for path in _yaml_files()
+                 if (names := _unsandboxed(path.read_text()))}
+    assert offenders == {}
+
+
+# Two tasks as they were before the check was sandboxed (playbooks/upgrade.yml, playbooks/fabric-check.yml).
+ROOTS_TASKS = """
+- name: A play
+  hosts: twinspark_pair
+  tasks:
+    - name: Ask the new runtime's vLLM whether it accepts this node's env files
+      ansible.builtin.command:
+        argv: [timeout, "600", /opt/twinspark/runtimes/new/venv/bin/twinspark, runtime, check,
+               --env, /etc/twinspark/serve.env, --env, /etc/twinspark/secrets.env]
+    - name: Bench
+      block:
+        - name: Run the all_reduce benchmark on both nodes at once
+          ansible.builtin.command:
+            argv: "{{ [fabric_check_twinspark, 'fabric', 'bench', '--rank', '0'] }}"
+    - name: Runtime facts are no check
+      ansible.builtin.command:
+        argv: [/opt/twinspark/venv/bin/twinspark, runtime, facts, --json]
+"""
+
+
+def test_the_rule_names_the_tasks_that_started_the_check_as_root():
+    assert _unsandboxed(ROOTS_TASKS) == ["Ask the new runtime's vLLM whether it accepts this node's env files",
+                                         "Run the all_reduce benchmark on both nodes at once"]
+    sandboxed = ROOTS_TASKS.replace("'--rank', '0'] }}", "'--rank', '0'] | twinspark_fabric_bench_sandbox('cpu') }}")
+    assert _unsandboxed(sandboxed) == ["Ask the new runtime's vLLM whether it accepts this node's env files"]
