@@ -8,8 +8,8 @@ the check does not need: no network at all, no capability, no writable path but 
 all_reduce benchmark (`twinspark fabric bench`, playbooks/fabric-check.yml), which imports torch, runs the same way,
 with the network and the devices it measures.
 
-The command is built here, in pure functions, so the roles (filter `twinspark_runtime_check_sandbox`) and the tests
-read one definition. An operator who types `twinspark runtime check` by hand runs it as whoever they are; the wrapped
+The command is built here, in pure functions, so the playbooks (filters `twinspark_runtime_check_sandbox` and
+`twinspark_fabric_bench_sandbox`) and the tests read one definition. An operator who types `twinspark runtime check` by hand runs it as whoever they are; the wrapped
 form is in docs/RUNTIME.md.
 
 secrets.env is root's alone (0600). The unit gets a private copy of it the way the rank's unit does
