@@ -1,7 +1,9 @@
-"""Ansible filters for the vllm_service role: thin adapters over twinspark.api and twinspark.pair.lifecycle.
+"""Ansible filters for the vllm_service role: thin adapters over twinspark.api, twinspark.pair.lifecycle and
+twinspark.runtime_sandbox.
 
-How the head's API is reached (wildcard bind -> loopback, the first key) and what makes the pair need an ordered
-restart are decided in Python, once, for the playbooks and the pair guard alike.
+How the head's API is reached (wildcard bind -> loopback, the first key), what makes the pair need an ordered
+restart and how root starts the runtime check (as the serving account, sandboxed) are decided in Python, once, for
+the playbooks and the pair guard alike.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
 
 from ansible.errors import AnsibleFilterError
 from twinspark import api as head_api
-from twinspark import budget
+from twinspark import budget, runtime_sandbox
 from twinspark.pair import lifecycle
 
 
@@ -54,6 +56,26 @@ def twinspark_pair_restart_reasons(probes, flag_path="restart-pending", unit="th
     return lifecycle.restart_reasons(probes, flag_path, unit)
 
 
+def twinspark_runtime_check_sandbox(command, profile, user, secrets_env):
+    """The runtime check's argv (a list) -> the argv root runs: systemd-run starting it as `user` in a sandboxed
+    transient unit, with `secrets_env` as its credential (twinspark.runtime_sandbox.wrap)."""
+    try:
+        return runtime_sandbox.wrap([str(word) for word in command], str(profile), str(user), str(secrets_env))
+    except ValueError as error:
+        raise AnsibleFilterError(f"twinspark_runtime_check_sandbox: {error}") from None
+
+
+def twinspark_fabric_bench_sandbox(command, profile, user, environment, timeout_s):
+    """`twinspark fabric bench`'s argv -> the argv root runs: systemd-run starting it as `user` in a sandboxed
+    transient unit with the network, the profile's devices and `environment` (twinspark.runtime_sandbox)."""
+    try:
+        return runtime_sandbox.wrap_fabric_bench([str(word) for word in command], str(profile), str(user),
+                                                 {str(k): str(v) for k, v in dict(environment).items()},
+                                                 int(timeout_s))
+    except ValueError as error:
+        raise AnsibleFilterError(f"twinspark_fabric_bench_sandbox: {error}") from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -61,4 +83,6 @@ class FilterModule:
             "twinspark_pair_restart_reasons": twinspark_pair_restart_reasons,
             "twinspark_first_boot_timers": twinspark_first_boot_timers,
             "twinspark_first_boot_retired": twinspark_first_boot_retired,
+            "twinspark_runtime_check_sandbox": twinspark_runtime_check_sandbox,
+            "twinspark_fabric_bench_sandbox": twinspark_fabric_bench_sandbox,
         }

@@ -6,6 +6,7 @@ Rendered with the simulated pair's values (cpu profile) and the example inventor
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -15,8 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_serve_env_role import inventory_vars, load_filters
 
-from twinspark import generate
+from twinspark import generate, layout, runtime_sandbox, settings
 
 ROOT = generate.repo_root()
 # Exposure ceilings from issue 15 (systemd-analyze's 0-10 scale, lower is better).
@@ -201,6 +203,27 @@ def test_locally_only_the_serving_account_may_open_the_internal_ports(rendered, 
     assert re.search(r"^\s*meta skuid twinspark accept$", output, re.M)
     internal = re.search(r"^\s*tcp dport \{ (.+) \} counter reject with tcp reset", output, re.M).group(1)
     assert internal == re.search(r"^\s*tcp dport \{ (.+) \} counter drop comment \"rendezvous", table, re.M).group(1)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gb10"])
+def test_root_runs_the_runtime_check_as_the_serving_account_in_a_sandbox(rendered, profile):
+    """The argv the vllm_service role renders for the check before every ordered start (both nodes run the same):
+    systemd-run with the layout's serving account, the rank's interpreter after `--`, and no secret anywhere in it
+    (the sim inventory's API key is a plain value, so its absence is checked for real)."""
+    where, _ = rendered[profile]
+    hostvars, groups = inventory_vars(ROOT / "inventory" / ("sim" if profile == "cpu" else "example"))
+    secret_names = {knob.env for knob in settings.load().knobs if knob.secret}
+    for host in sorted(p.name for p in where.iterdir() if p.is_dir()):
+        node = layout.from_vars(hostvars[host])
+        command = runtime_sandbox.check_command(node.python, [node.serve_env, node.secrets_env])
+        expected = runtime_sandbox.wrap(command, profile, node.service_user, node.secrets_env)
+        argv = json.loads((where / host / "runtime-check.argv.json").read_text())
+        assert argv == expected, host
+        env = load_filters().twinspark_node_env(hostvars[host], hostvars, groups)
+        secrets = [str(env[name]) for name in secret_names if env.get(name)]
+        assert not any(secret in word for secret in secrets for word in argv), host
+        if profile == "cpu":
+            assert secrets, "the sim inventory sets an API key: this test would not see one leak"
 
 
 NFT = shutil.which("nft") or "/usr/sbin/nft"

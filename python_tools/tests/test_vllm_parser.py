@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,7 +44,10 @@ def vllm_python() -> Path:
 def hf_home(tmp_path_factory) -> Path:
     """An HF_HOME holding only the pinned snapshot's config.json (the hand-shaped one), as a node's would after the
     model role ran: with HF_HUB_OFFLINE=1 vLLM resolves the model there and never reaches the network."""
-    home = tmp_path_factory.mktemp("hf")
+    return _pinned_snapshot(tmp_path_factory.mktemp("hf"))
+
+
+def _pinned_snapshot(home: Path) -> Path:
     defaults = settings.load().defaults("gb10")
     from twinspark.model import snapshot_dir
 
@@ -133,12 +139,67 @@ def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_pytho
     assert report["flavour"] == "stock" and report["capability"] == GB10
     assert report["model_config"].endswith("/snapshots/" + settings.load().defaults("gb10")["MODEL_REVISION"]
                                            + "/config.json")
+    assert report["account"] == pwd.getpwuid(os.geteuid()).pw_name and report["uid"] == os.geteuid()
     checked = "\n".join(report["checked"])
     assert "validate_parsed_serve_args passed" in checked
     assert "AsyncEngineArgs.from_cli_args passed" in checked
     assert "DeepseekV4FlashInferSM120Attention -> FLASHINFER_MLA_SPARSE_DSV4" in checked
     assert "accepts kv_cache_dtype=fp8_ds_mla" in checked
     assert "mxfp4 experts, moe_backend=auto" in checked
+
+
+@pytest.mark.slow(35)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("unshare"),
+                    reason="needs root, setpriv and unshare to become another account in a network namespace")
+def test_the_check_passes_as_an_unprivileged_account_without_network_with_secrets_as_a_credential(vllm_python):
+    """What the transient unit gives the check, short of systemd itself (twinspark.runtime_sandbox): another account
+    (nobody), no network (a namespace of the test's own, lo down), a HOME it cannot write, serve.env readable,
+    secrets.env root's alone at its path and handed over as a credential the way LoadCredential= does. The check must
+    still judge the flags, and say who it ran as."""
+    as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--no-new-privs",
+                 "--inh-caps=-all", "--bounding-set=-all", "--"]
+    # vLLM inspects the model in a child of sys.executable, which nobody must be able to start too
+    probe = subprocess.run([*as_nobody, str(vllm_python), "-I", "-c",
+                            "import subprocess, sys; subprocess.run([sys.executable, '-c', ''], check=True)"],
+                           capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody may not run {vllm_python} (its interpreter is {os.path.realpath(vllm_python)})")
+    shared = Path(tempfile.mkdtemp(prefix="twinspark-unprivileged-check-"))
+    try:
+        shared.chmod(0o755)
+        hf_home = _pinned_snapshot(shared / "hf")
+        serve, secrets = nodeenv.example_env("gb10", 0)
+        serve["HF_HOME"] = str(hf_home)
+        etc, credentials = shared / "etc", shared / "credentials"
+        etc.mkdir()
+        credentials.mkdir()
+        for path, values, mode in ((etc / "serve.env", serve, 0o644), (etc / "secrets.env", secrets, 0o600),
+                                   (credentials / "secrets.env", secrets, 0o400)):
+            path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+            path.chmod(mode)
+        nobody = pwd.getpwnam("nobody")
+        os.chown(credentials / "secrets.env", nobody.pw_uid, nobody.pw_gid)
+        env = {**_vllm_env(hf_home), "CREDENTIALS_DIRECTORY": str(credentials), "HOME": str(shared)}
+        done = subprocess.run(
+            ["unshare", "-n", *as_nobody, str(vllm_python), "-m", "twinspark.cli", "runtime", "check", "--env", str(etc / "serve.env"),
+             "--env", str(etc / "secrets.env"), "--capability", GB10, "--assume-kernels", "--json"],
+            capture_output=True, text=True, timeout=600, env=env, cwd=shared)
+        assert done.stdout.strip(), done.stderr[-4000:]
+        report = json.loads(done.stdout)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert report["account"] == "nobody" and report["uid"] == nobody.pw_uid
+        assert not any(note.startswith("ran as root") for note in report["notes"])
+        assert "AsyncEngineArgs.from_cli_args passed" in report["checked"]
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_the_account_is_named_or_numbered():
+    from twinspark import installed_runtime
+
+    assert installed_runtime.running_as(os.geteuid()) == pwd.getpwuid(os.geteuid()).pw_name
+    unused = next(n for n in range(60000, 65000) if n not in {entry.pw_uid for entry in pwd.getpwall()})
+    assert installed_runtime.running_as(unused) == str(unused)
 
 
 @pytest.mark.slow(45)

@@ -17,6 +17,8 @@ is visible (or --capability is given), vLLM's DeepSeek-V4 attention- and MoE-bac
 (see twinspark/vllmcheck.py). Run it in the serving venv before the units start; it loads no weights.
 It also asks the memory planner (`twinspark plan`, this node's memory, the model's files when they are here): a
 configuration that does not fit is refused (one line with the planner's advice) unless TWINSPARK_PLAN_FIT=warn.
+The report names the account it ran as (`as` line; `account` and `uid` in --json): the playbooks never run it as
+root, but as the serving account in a sandboxed transient unit (twinspark/runtime_sandbox.py, docs/RUNTIME.md).
 Exit codes: 0 vLLM accepts everything checked and the planner finds it fits (or could not judge it); 1 vLLM refuses
 (one line per flag with vLLM's reason), vLLM cannot be imported, or the planner refuses; 2 invalid input (env files,
 --capability, --model-config).
@@ -29,6 +31,7 @@ import hashlib
 import importlib.metadata as metadata
 import json
 import os
+import pwd
 import sys
 import sysconfig
 import tempfile
@@ -201,6 +204,15 @@ def visible_capability() -> tuple[int, int] | None:
     return None
 
 
+def running_as(uid: int) -> str:
+    """The account name of `uid` (the number itself when the passwd database has none): what the vLLM code the check
+    imported ran as, printed with the verdict."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def _check_command(args: argparse.Namespace) -> int:
     name = "twinspark runtime check"
     if not args.env_files and not args.environ:
@@ -249,8 +261,8 @@ def _check_command(args: argparse.Namespace) -> int:
     os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     vllm_entry.install_alias()
     with tempfile.TemporaryDirectory(prefix="twinspark-runtime-check-") as scratch:
-        # The check usually runs as root: whatever vLLM or torch caches while importing goes to a scratch directory,
-        # never into the service user's cache directories (root-owned files there would break the next start).
+        # Whatever vLLM or torch caches while importing goes to a scratch directory, never into the service user's
+        # cache directories: typed by hand as root, root-owned files there would break the next start.
         os.environ.update({key: str(Path(scratch) / key.lower()) for key in SCRATCH_DIRS})
         try:
             # vllm: only in the serving venv; importing it is the check.
@@ -261,8 +273,14 @@ def _check_command(args: argparse.Namespace) -> int:
             return 1
         report = vllmcheck.check(argv, hf_config, capability, args.assume_kernels)
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
+    account = running_as(os.geteuid())
+    if os.geteuid() == 0:
+        report.notes.append("ran as root: the runtime's code had every privilege here; the playbooks run this check "
+                            "as the serving account in a sandboxed unit (docs/RUNTIME.md)")
     shown = {
         "ok": report.ok,
+        "account": account,
+        "uid": os.geteuid(),
         "profile": values["TWINSPARK_PROFILE"],
         "flavour": flavour,
         "node_rank": values.get("NODE_RANK"),
@@ -278,6 +296,7 @@ def _check_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(shown, indent=2))
     else:
+        print(f"as    {account} (uid {os.geteuid()})")
         for line in report.checked:
             print(f"ok    {line}")
         if fit.plan is not None and fit.plan.fits:
