@@ -114,6 +114,33 @@ def test_directory_without_index_or_single_shard_fails(tmp_path, capsys):
     assert "not a checkpoint" in out and model.INDEX_NAME in out
 
 
+def test_an_empty_copy_checked_against_a_single_shard_manifest_names_only_the_files_it_lists(tmp_path, capsys):
+    # The first copy to a node that already holds the manifest outside the copy: every listed file is missing, and
+    # no index the source never had may be named (the copy would then ask rsync for a file that does not exist).
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    manifest = tmp_path / "manifest.json"
+    assert run_cli(capsys, "manifest", str(source), "--output", str(manifest))[0] == 0
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    code, out, _ = run_cli(capsys, "verify", str(copy), "--manifest", str(manifest), "--json")
+    assert code == 1
+    assert sorted(json.loads(out)["problem_names"]) == ["config.json", "model.safetensors"]
+
+
+def test_an_unreadable_index_the_manifest_lists_is_named(tmp_path, capsys):
+    make_sharded_model(tmp_path, shards=2)
+    manifest = tmp_path.parent / f"{tmp_path.name}-manifest.json"
+    assert run_cli(capsys, "manifest", str(tmp_path), "--output", str(manifest))[0] == 0
+    index = tmp_path / model.INDEX_NAME
+    index.write_text("x" * len(index.read_text()))  # same size, not JSON
+    code, out, _ = run_cli(capsys, "verify", str(tmp_path), "--manifest", str(manifest), "--json")
+    assert code == 1
+    assert model.INDEX_NAME in json.loads(out)["problem_names"]
+
+
 def test_missing_directory_is_a_problem_not_a_crash(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "verify", str(tmp_path / "not-copied-yet"))
     assert code == 1

@@ -500,7 +500,10 @@ def verify_model_dir(
             if want_sha and hasher(path) != want_sha:
                 detail = "sha256 differs from the manifest"
                 problems.append(Problem(name, "checksum mismatch", detail, os.path.realpath(path)))
-    if index_problem and not any(p.name == INDEX_NAME for p in problems):
+    # The manifest already named what is missing (an empty copy lists every file, the single shard included): the
+    # index is its own problem only when the manifest has one, or when nothing else explains the shards.
+    if index_problem and not any(p.name == INDEX_NAME for p in problems) and (
+            INDEX_NAME in expected or not problems):
         problems.append(Problem(INDEX_NAME, "unreadable", index_problem, str(root / INDEX_NAME)))
     return VerifyReport(str(root), len(shards), len(names), total, check_sha256, problems)
 
