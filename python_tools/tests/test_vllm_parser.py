@@ -181,8 +181,9 @@ def test_the_check_passes_as_an_unprivileged_account_without_network_with_secret
         os.chown(credentials / "secrets.env", nobody.pw_uid, nobody.pw_gid)
         env = {**_vllm_env(hf_home), "CREDENTIALS_DIRECTORY": str(credentials), "HOME": str(shared)}
         done = subprocess.run(
-            ["unshare", "-n", *as_nobody, str(vllm_python), "-m", "twinspark.cli", "runtime", "check", "--env", str(etc / "serve.env"),
-             "--env", str(etc / "secrets.env"), "--capability", GB10, "--assume-kernels", "--json"],
+            ["unshare", "-n", *as_nobody, str(vllm_python), "-m", "twinspark.cli", "runtime", "check",
+             "--env", str(etc / "serve.env"), "--env", str(etc / "secrets.env"), "--capability", GB10,
+             "--assume-kernels", "--json"],
             capture_output=True, text=True, timeout=600, env=env, cwd=shared)
         assert done.stdout.strip(), done.stderr[-4000:]
         report = json.loads(done.stdout)

@@ -9,8 +9,8 @@ all_reduce benchmark (`twinspark fabric bench`, playbooks/fabric-check.yml), whi
 with the network and the devices it measures.
 
 The command is built here, in pure functions, so the playbooks (filters `twinspark_runtime_check_sandbox` and
-`twinspark_fabric_bench_sandbox`) and the tests read one definition. An operator who types `twinspark runtime check` by hand runs it as whoever they are; the wrapped
-form is in docs/RUNTIME.md.
+`twinspark_fabric_bench_sandbox`) and the tests read one definition. An operator who types `twinspark runtime
+check` by hand runs it as whoever they are; the wrapped form is in docs/RUNTIME.md.
 
 secrets.env is root's alone (0600). The unit gets a private copy of it the way the rank's unit does
 (`LoadCredential=`), and the launcher reads that copy when the path it was given is unreadable
