@@ -10,6 +10,7 @@ import subprocess
 
 import jinja2
 import pytest
+from nft_namespace import connections, needs_nft_namespace
 
 from twinspark import fleet, generate, layout, routerconf, routerlaunch
 
@@ -254,7 +255,6 @@ def test_locally_only_the_front_reaches_the_router_and_only_the_router_its_key_c
 def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
     """systemd-analyze's offline exposure score, held to the ceiling the pair's helper units have (2.5)."""
     import re
-    import shutil
 
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -271,25 +271,8 @@ def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
     assert float(score.group(1)) <= 2.5
 
 
-NFT = shutil.which("nft") or "/usr/sbin/nft"
-CONNECT = ("import socket, sys\n"
-           "try:\n"
-           "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
-           "    print('connected')\n"
-           "except OSError as error:\n"
-           "    print(type(error).__name__)\n")
-LISTEN = ("import socket, sys, time\n"
-          "servers = []\n"
-          "for port in sys.argv[1:]:\n"
-          "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "    s.bind(('127.0.0.1', int(port))); s.listen(8); servers.append(s)\n"
-          "time.sleep(30)\n")
-
-
 @pytest.mark.slow(3)
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv")
-                    or not os.access(NFT, os.X_OK) or not os.access("/usr/bin/python3", os.X_OK),
-                    reason="needs root, unshare, setpriv, nft, the system's python3 (a network namespace of its own)")
+@needs_nft_namespace
 def test_real_nft_only_the_front_reaches_the_router_and_only_the_router_its_key_check(tmp_path):
     """The router host's table as rendered, loaded by the real nft in a network namespace of the test's own; the
     front's account is played by `daemon`, the router's by `bin`, a stranger (a client key thief on the host) by
@@ -298,26 +281,10 @@ def test_real_nft_only_the_front_reaches_the_router_and_only_the_router_its_key_
     table = tmp_path / "firewall.nft"
     table.write_text(render("twinspark-router.nft").replace("skuid twinspark-router-front ", "skuid daemon ")
                      .replace("skuid twinspark-router ", "skuid bin "))
-    python = "/usr/bin/python3"  # the system's: the accounts below may not read the venv or a home
-    as_user = "setpriv --reuid={0} --regid={1} --clear-groups " + python + " -I -c " + shlex.quote(CONNECT)
     tries = [("front", "daemon", "daemon"), ("router", "bin", "bin"), ("stranger", "nobody", "nogroup")]
-    probes = "\n".join(f'echo "{who}-{port} $({as_user.format(user, group)} {port})"'
-                       for who, user, group in tries for port in (30001, 30099, 30000))
-    script = f"""
-        set -u
-        ip link set lo up
-        {NFT} -f {table} || exit 10
-        {python} -I -c {shlex.quote(LISTEN)} 30000 30001 30099 & listener=$!
-        sleep 1
-        {probes}
-        kill $listener
-    """
-    done = subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    seen = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    seen = connections(table, [30000, 30001, 30099], [(f"{who}-{port}", user, group, port)
+                                                      for who, user, group in tries for port in (30001, 30099, 30000)])
     refused = "ConnectionRefusedError"
     assert seen == {"front-30001": "connected", "front-30099": refused, "front-30000": "connected",
                     "router-30001": refused, "router-30099": "connected", "router-30000": "connected",
-                    "stranger-30001": refused, "stranger-30099": refused, "stranger-30000": "connected"}, (
-        done.stdout + done.stderr)
+                    "stranger-30001": refused, "stranger-30099": refused, "stranger-30000": "connected"}, seen

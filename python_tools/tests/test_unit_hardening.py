@@ -7,15 +7,14 @@ Rendered with the simulated pair's values (cpu profile) and the example inventor
 from __future__ import annotations
 
 import json
-import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from nft_namespace import connections, needs_nft_namespace
 from test_serve_env_role import inventory_vars, load_filters
 
 from twinspark import generate, layout, runtime_sandbox, settings
@@ -177,7 +176,6 @@ def test_the_worker_gets_the_short_stop_grace_and_the_head_the_longer_one(render
 def test_a_stop_grace_of_zero_is_refused_naming_both_variables(tmp_path, head, worker, passes):
     # vllm_service's own check (tasks/assert.yml), run by ansible-playbook: systemd reads 0 as "wait forever".
     import json
-    import sys
 
     import yaml
 
@@ -226,49 +224,17 @@ def test_root_runs_the_runtime_check_as_the_serving_account_in_a_sandbox(rendere
             assert secrets, "the sim inventory sets an API key: this test would not see one leak"
 
 
-NFT = shutil.which("nft") or "/usr/sbin/nft"
-CONNECT = ("import socket, sys\n"
-           "try:\n"
-           "    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).close()\n"
-           "    print('connected')\n"
-           "except OSError as error:\n"
-           "    print(type(error).__name__)\n")
-
-
 @pytest.mark.slow(3)
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv")
-                    or not os.access(NFT, os.X_OK) or not os.access("/usr/bin/python3", os.X_OK),
-                    reason="needs root, unshare, setpriv, nft, the system's python3 (a network namespace of its own)")
+@needs_nft_namespace
 def test_real_nft_a_stranger_is_reset_on_the_rendezvous_port_and_the_serving_account_is_not(rendered, tmp_path):
     """The cpu table as rendered, loaded by the real nft in a network namespace of the test's own, with the serving
     account played by `daemon` and a stranger by `nobody`: on loopback, nobody's connection to the rendezvous port
     is reset, daemon's connects, and nobody still reaches a port outside the internal ones."""
     table = tmp_path / "firewall.nft"
     table.write_text(_unit(rendered, "cpu", 0, "twinspark.nft").replace("meta skuid twinspark", "meta skuid daemon"))
-    rendezvous = re.search(r"tcp dport \{ (\d+),.* reject with tcp reset", table.read_text()).group(1)
-    listen = ("import socket, sys, time\n"
-              "servers = []\n"
-              "for port in sys.argv[1:]:\n"
-              "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-              "    s.bind(('127.0.0.1', int(port))); s.listen(8); servers.append(s)\n"
-              "time.sleep(30)\n")
-    python = "/usr/bin/python3"  # the system's: the accounts below may not read the venv or a home
-    connect = shlex.quote(CONNECT)
-    as_user = "setpriv --reuid={0} --regid={1} --clear-groups " + python + " -I -c " + connect
-    script = f"""
-        set -u
-        ip link set lo up
-        {NFT} -f {table} || exit 10
-        {sys.executable} -I -c "{listen}" {rendezvous} 8888 & listener=$!
-        sleep 1
-        echo "nobody-rendezvous $({as_user.format('nobody', 'nogroup')} {rendezvous})"
-        echo "daemon-rendezvous $({as_user.format('daemon', 'daemon')} {rendezvous})"
-        echo "nobody-api $({as_user.format('nobody', 'nogroup')} 8888)"
-        kill $listener
-    """
-    done = subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    seen = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    rendezvous = int(re.search(r"tcp dport \{ (\d+),.* reject with tcp reset", table.read_text()).group(1))
+    seen = connections(table, [rendezvous, 8888], [("nobody-rendezvous", "nobody", "nogroup", rendezvous),
+                                                   ("daemon-rendezvous", "daemon", "daemon", rendezvous),
+                                                   ("nobody-api", "nobody", "nogroup", 8888)])
     assert seen == {"nobody-rendezvous": "ConnectionRefusedError", "daemon-rendezvous": "connected",
-                    "nobody-api": "connected"}, done.stdout + done.stderr
+                    "nobody-api": "connected"}, seen
