@@ -104,7 +104,8 @@ def judged(vllm_python, hf_home) -> dict[str, object]:
               "parser = FlexibleArgumentParser(prog='vllm'); sub = parser.add_subparsers(dest='subparser'); "
               "vllmcheck._serve_cli_args().make_arg_parser(sub.add_parser('serve', prog='vllm serve')); "
               "args = parser.parse_args(['serve', *cases['tls_head'][0]]); "
-              "out['tls_ssl_args'] = [args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs, args.enable_ssl_refresh]; "
+              "out['tls_ssl_args'] = [args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs, "
+              "args.enable_ssl_refresh]; "
               "print(json.dumps(out))")
     done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps(cases), capture_output=True, text=True,
                           timeout=600, env=_vllm_env(hf_home))
