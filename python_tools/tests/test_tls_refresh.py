@@ -23,6 +23,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -266,3 +267,32 @@ def test_served_waits_a_bounded_time_and_says_what_is_served(certs):
     stuck = tls.wait_served("127.0.0.1", 1, str(certs["B"] / "server.crt"), 5, clock=lambda: next(ticks),
                             sleep=lambda s: None, look=scripted("old"))
     assert not stuck["ok"] and stuck["served"] == "old" and stuck["waited_s"] >= 5
+
+
+def test_running_refuses_a_vllm_started_without_the_refresher_and_names_the_one_restart(tmp_path, capsys):
+    """The rule reads a real process's /proc/PID/cmdline, as the role hands it systemd's MainPID."""
+    from twinspark import cli
+
+    cert, key = "/etc/twinspark/tls/server.crt", "/etc/twinspark/tls/server.key"
+    cases = {
+        "ok": ["--ssl-certfile", cert, "--ssl-keyfile", key, "--enable-ssl-refresh"],
+        "no_refresh": ["--ssl-certfile", cert, "--ssl-keyfile", key],
+        "plain": ["--port", "8888"],
+        "other_files": ["--ssl-certfile", "/x.crt", "--ssl-keyfile", key, "--enable-ssl-refresh"],
+    }
+    codes, errors = {}, {}
+    for name, flags in cases.items():
+        process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "serve", *flags],
+                                   stdin=subprocess.PIPE)
+        try:
+            assert tls.process_argv(process.pid)[-len(flags):] == flags
+            codes[name] = cli.main(["tls", "running", "--pid", str(process.pid), "--cert", cert, "--key", key])
+            errors[name] = capsys.readouterr().err
+        finally:
+            process.communicate(timeout=10)
+    assert codes == {"ok": 0, "no_refresh": 2, "plain": 2, "other_files": 2}
+    assert "started without --enable-ssl-refresh" in errors["no_refresh"]
+    assert "`twinspark restart -i INVENTORY`" in errors["no_refresh"]
+    assert "TLS is off on the head" in errors["plain"] and "/x.crt" in errors["other_files"]
+    assert cli.main(["tls", "running", "--pid", "0", "--cert", cert, "--key", key]) == 2
+    assert "the head rank is not running" in capsys.readouterr().err

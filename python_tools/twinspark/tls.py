@@ -120,7 +120,7 @@ def installed_files(host_vars: Mapping[str, object], node_env: Mapping[str, str]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rotation (`twinspark tls replace`, `twinspark tls served`): role key_rotation, tasks/tls.yml
+# Rotation (`twinspark tls running|replace|served`): role key_rotation, tasks/tls.yml
 # ---------------------------------------------------------------------------------------------------------------
 
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
@@ -142,6 +142,34 @@ def pair_problem(cert: str, key: str) -> str | None:
     except (ssl.SSLError, OSError) as error:
         return f"{key} does not load with {cert} ({getattr(error, 'reason', None) or error})"
     return None
+
+
+REFRESH_FLAG = "--enable-ssl-refresh"
+
+
+def running_problem(argv: Sequence[str], cert_dest: str, key_dest: str) -> str | None:
+    """Why the running vLLM (its argv) cannot take a new certificate without a restart; None when it can: it must
+    serve the installed certificate and key and have been started with --enable-ssl-refresh."""
+
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+    if value("--ssl-certfile") is None:
+        return ("the running vLLM serves plain HTTP (TLS is off on the head): converge with site.yml, which "
+                "installs the certificate and restarts the pair once")
+    if (value("--ssl-certfile"), value("--ssl-keyfile")) != (cert_dest, key_dest):
+        return (f"the running vLLM serves {value('--ssl-certfile')} and {value('--ssl-keyfile')}, not {cert_dest} "
+                f"and {key_dest}: converge with site.yml first")
+    if REFRESH_FLAG not in argv:
+        return (f"the running vLLM was started without {REFRESH_FLAG} (before TwinSpark passed it), so it would "
+                "never read new files: restart the pair once, in order (`twinspark restart -i INVENTORY`); later "
+                "rotations need no restart")
+    return None
+
+
+def process_argv(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """A process's argv from /proc/PID/cmdline (raises OSError when there is no such process)."""
+    return (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
 
 
 def write_in_place(path: str, data: bytes) -> None:
@@ -276,6 +304,24 @@ def cmd_replace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_running(args: argparse.Namespace) -> int:
+    try:
+        argv = process_argv(args.pid) if args.pid > 0 else []
+    except OSError:
+        argv = []
+    if not argv:
+        print(f"twinspark tls running: no process {args.pid}: the head rank is not running, so nothing serves a "
+              "certificate to rotate; converge with site.yml (it installs the files and starts the pair)",
+              file=sys.stderr)
+        return 2
+    problem = running_problem(argv, args.cert, args.key)
+    if problem:
+        print(f"twinspark tls running: {problem}. Nothing was changed.", file=sys.stderr)
+        return 2
+    print(json.dumps({"pid": args.pid, "refresh": True, "cert": args.cert, "key": args.key}))
+    return 0
+
+
 def cmd_served(args: argparse.Namespace) -> int:
     try:
         report = wait_served(args.host, args.port, args.cert, args.wait)
@@ -371,6 +417,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rep.add_argument("--into-ca", metavar="FILE", help="the installed CA file (checked absent when --ca is not given)")
     rep.add_argument("--dry-run", action="store_true", help="check and say what would change; write nothing")
     rep.set_defaults(func=cmd_replace)
+
+    running = verbs.add_parser("running", help="rotation, on the head: refuse unless the running vLLM (PID) serves "
+                                               "these files and reloads them (--enable-ssl-refresh)")
+    running.add_argument("--pid", type=int, required=True, help="the rank's main process (systemd's MainPID)")
+    running.add_argument("--cert", required=True, metavar="FILE", help="the installed certificate")
+    running.add_argument("--key", required=True, metavar="FILE", help="the installed key")
+    running.set_defaults(func=cmd_running)
 
     served = verbs.add_parser("served", help="wait until a TLS server presents the certificate in a file")
     served.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
