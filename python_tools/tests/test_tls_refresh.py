@@ -39,10 +39,12 @@ SEEN_WAIT_S = 8.0  # well past watchfiles' 1.6 s debounce
 
 class Handshakes:
     """A client thread that handshakes with one server without pause, recording each result (the served leaf's
-    SHA-256, or the error), verified against every test certificate and the host name 127.0.0.1."""
+    SHA-256, or the error), verified against `trusted` and the host name 127.0.0.1. `fresh`: the trust file is read
+    again for every handshake, as the head's probes read the installed file named by their env (api.tls_ca)."""
 
-    def __init__(self, port: int, trusted: Path) -> None:
+    def __init__(self, port: int, trusted: Path, fresh: bool = False) -> None:
         self.port = port
+        self.trusted, self.fresh = trusted, fresh
         self.context = ssl.create_default_context(cafile=str(trusted))
         self.results: list[str] = []
         self._stop = threading.Event()
@@ -52,8 +54,9 @@ class Handshakes:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                context = ssl.create_default_context(cafile=str(self.trusted)) if self.fresh else self.context
                 with socket.create_connection(("127.0.0.1", self.port), timeout=5) as raw, \
-                        self.context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+                        context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
                     der = conn.getpeercert(binary_form=True) or b""
                     conn.recv(16)
                 self.results.append(hashlib.sha256(der).hexdigest())
@@ -105,10 +108,11 @@ def install(pair: Path, into: Path) -> None:
     (into / "server.crt").chmod(0o644)
 
 
-def rotate_in_place(pair: Path, into: Path) -> dict[str, object]:
-    """What role key_rotation runs on the head (`twinspark tls replace`)."""
+def rotate_in_place(pair: Path, into: Path, port: int) -> dict[str, object]:
+    """What role key_rotation runs on the head (`twinspark tls replace`, no CA: the certificate is its own anchor)."""
     return tls.replace(str(pair / "server.crt"), str(pair / "server.key"),
-                       {"cert": str(into / "server.crt"), "key": str(into / "server.key"), "ca": None})
+                       {"cert": str(into / "server.crt"), "key": str(into / "server.key"), "ca": None},
+                       served=("127.0.0.1", port), wait_s=SEEN_WAIT_S)
 
 
 def rotate_by_rename(pair: Path, into: Path) -> None:
@@ -155,22 +159,28 @@ def servers(vllm_python, certs, tmp_path_factory):  # noqa: F811
 
 @pytest.mark.slow(20)
 def test_in_place_rotation_is_served_twice_in_a_row_with_no_failed_handshake(servers, certs):
+    """Two clients: one trusting every test certificate (a client with the site's anchors), and one trusting the
+    head's installed certificate file, read again for every handshake (the head's own probes with no CA set)."""
     (head, port), log = servers[0]["in_place"], servers[1]
     client = Handshakes(port, certs["trusted"])
+    probe = Handshakes(port, head / "server.crt", fresh=True)
     try:
         assert client.wait_for(fingerprint(certs["A"]), 5)
         for pair in (certs["B"], certs["C"]):
-            report = rotate_in_place(pair, head)
+            report = rotate_in_place(pair, head, port)
             assert report["changed"] and report["fingerprint"] == fingerprint(pair)
             assert client.wait_for(fingerprint(pair), SEEN_WAIT_S), (
                 f"{pair.name} was not served within {SEEN_WAIT_S} s:\n" + "".join(log[-20:]))
+            assert (head / "server.crt").read_bytes() == (pair / "server.crt").read_bytes()
+            time.sleep(0.5)
     finally:
-        results = client.stop()
+        results, probed = client.stop(), probe.stop()
     assert [r for r in results if r.startswith("error")] == []
+    assert [r for r in probed if r.startswith("error")] == [], "the head's own probe failed during the swap"
     served = [r for i, r in enumerate(results) if i == 0 or results[i - 1] != r]
     assert served == [fingerprint(certs[name]) for name in "ABC"], "the server went back to an older pair"
     assert (head / "server.key").stat().st_mode & 0o777 == 0o640, "the key's mode must stay site.yml's"
-    assert rotate_in_place(certs["C"], head)["changed"] is False
+    assert rotate_in_place(certs["C"], head, port)["changed"] is False
 
 
 @pytest.mark.slow(8)
@@ -203,14 +213,23 @@ def test_certificate_before_key_fails_handshakes_until_the_key_arrives(servers, 
 # ---- no vLLM needed below: the rules `twinspark tls replace` and `twinspark tls served` follow
 
 
-def test_the_plan_writes_the_ca_then_the_key_then_the_certificate_and_skips_what_is_already_new():
+def test_the_plan_writes_key_before_certificate_and_bridges_the_probes_trust_file():
     dests = {"cert": "/t/server.crt", "key": "/t/server.key", "ca": "/t/ca.crt"}
-    old = {"cert": b"c0", "key": b"k0", "ca": b"a0"}
-    assert [s.dest for s in tls.replacement_plan(b"c1", b"k1", b"a1", old, dests)] == [
-        "/t/ca.crt", "/t/server.key", "/t/server.crt"]
-    assert [s.dest for s in tls.replacement_plan(b"c1", b"k1", b"a0", old, dests)] == ["/t/server.key",
-                                                                                         "/t/server.crt"]
-    assert tls.replacement_plan(b"c0", b"k0", None, old, dests) == []
+    old = {"cert": b"c0\n", "key": b"k0\n", "ca": b"a0\n"}
+
+    def plan(cert, key, ca):
+        return [(s.dest, s.data, s.then_wait) for s in tls.replacement_plan(cert, key, ca, old, dests)]
+
+    # the same CA for the old and the new certificate: the probes' trust file does not change
+    assert plan(b"c1\n", b"k1\n", b"a0\n") == [("/t/server.key", b"k1\n", False), ("/t/server.crt", b"c1\n", False)]
+    # a new CA: it is trusted beside the old one until the new certificate is served
+    assert plan(b"c1\n", b"k1\n", b"a1\n") == [
+        ("/t/ca.crt", b"a1\na0\n", False), ("/t/server.key", b"k1\n", False), ("/t/server.crt", b"c1\n", True),
+        ("/t/ca.crt", b"a1\n", False)]
+    # no CA: the certificate file is the anchor, and the bridge
+    assert plan(b"c1\n", b"k1\n", None) == [
+        ("/t/server.key", b"k1\n", False), ("/t/server.crt", b"c1\nc0\n", True), ("/t/server.crt", b"c1\n", False)]
+    assert plan(b"c0\n", b"k0\n", None) == [] and plan(b"c0\n", b"k0\n", b"a0\n") == []
 
 
 def test_replace_refuses_before_writing_a_mismatched_pair_or_a_head_without_tls(certs, tmp_path):
@@ -234,9 +253,11 @@ def test_replace_refuses_before_writing_a_mismatched_pair_or_a_head_without_tls(
 def test_replace_keeps_the_inode_and_mode_and_a_dry_run_writes_nothing(certs, tmp_path):
     head = tmp_path / "head"
     install(certs["A"], head)
+    shutil.copyfile(certs["trusted"], head / "ca.crt")  # the same CA file before and after: no bridge, no wait
     inode = (head / "server.crt").stat().st_ino
     args = (str(certs["B"] / "server.crt"), str(certs["B"] / "server.key"),
-            {"cert": str(head / "server.crt"), "key": str(head / "server.key")})
+            {"cert": str(head / "server.crt"), "key": str(head / "server.key"), "ca": str(head / "ca.crt")},
+            str(certs["trusted"]))
     dry = tls.replace(*args, dry_run=True)
     assert dry["changed"] and dry["previous"] == fingerprint(certs["A"])
     assert (head / "server.crt").read_bytes() == (certs["A"] / "server.crt").read_bytes()
@@ -244,6 +265,21 @@ def test_replace_keeps_the_inode_and_mode_and_a_dry_run_writes_nothing(certs, tm
     assert done["written"] == [str(head / "server.key"), str(head / "server.crt")]
     assert (head / "server.crt").read_bytes() == (certs["B"] / "server.crt").read_bytes()
     assert (head / "server.crt").stat().st_ino == inode and (head / "server.key").stat().st_mode & 0o777 == 0o640
+    with pytest.raises(ValueError, match="give the API's address"):  # no CA: the bridge needs the server
+        tls.replace(str(certs["C"] / "server.crt"), str(certs["C"] / "server.key"),
+                    {"cert": str(head / "server.crt"), "key": str(head / "server.key")})
+    assert (head / "server.crt").read_bytes() == (certs["B"] / "server.crt").read_bytes()
+
+
+def test_writing_in_place_never_empties_the_file_first(tmp_path):
+    path = tmp_path / "server.crt"
+    path.write_bytes(b"new\nold\n")
+    tls.write_in_place(str(path), b"new\n")
+    assert path.read_bytes() == b"new\n"
+    tls.write_in_place(str(path), b"longer\n")
+    assert path.read_bytes() == b"longer\n"
+    with pytest.raises(FileNotFoundError):
+        tls.write_in_place(str(tmp_path / "absent"), b"x")
 
 
 def test_served_waits_a_bounded_time_and_says_what_is_served(certs):
@@ -260,11 +296,11 @@ def test_served_waits_a_bounded_time_and_says_what_is_served(certs):
         return look
 
     ticks = iter(range(100))
-    report = tls.wait_served("127.0.0.1", 1, str(certs["B"] / "server.crt"), 30, clock=lambda: next(ticks),
+    report = tls.wait_served("127.0.0.1", 1, wanted, 30, clock=lambda: next(ticks),
                              sleep=lambda s: None, look=scripted("old", OSError("connection refused"), wanted))
     assert report["ok"] and report["served"] == wanted and report["error"] is None
     ticks = iter(range(100))
-    stuck = tls.wait_served("127.0.0.1", 1, str(certs["B"] / "server.crt"), 5, clock=lambda: next(ticks),
+    stuck = tls.wait_served("127.0.0.1", 1, wanted, 5, clock=lambda: next(ticks),
                             sleep=lambda s: None, look=scripted("old"))
     assert not stuck["ok"] and stuck["served"] == "old" and stuck["waited_s"] >= 5
 
@@ -285,6 +321,9 @@ def test_running_refuses_a_vllm_started_without_the_refresher_and_names_the_one_
         process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "serve", *flags],
                                    stdin=subprocess.PIPE)
         try:
+            deadline = time.monotonic() + 10  # the child's cmdline is its own once it has exec'd
+            while tls.process_argv(process.pid)[-len(flags):] != flags and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert tls.process_argv(process.pid)[-len(flags):] == flags
             codes[name] = cli.main(["tls", "running", "--pid", str(process.pid), "--cert", cert, "--key", key])
             errors[name] = capsys.readouterr().err

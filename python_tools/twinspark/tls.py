@@ -178,14 +178,18 @@ def write_in_place(path: str, data: bytes) -> None:
     vLLM's certificate refresher (--enable-ssl-refresh) watches the certificate and key files themselves through
     inotify; a file renamed over one (what atomic.write_atomic and Ansible's copy do) ends that watch, so the first
     rotation would be seen and every later one missed (python_tools/tests/test_tls_refresh.py shows both). Writing
-    into the same inode keeps the watch. A reader that looks mid-write sees a short file and fails to load it; the
-    refresher then keeps what it served and loads again on the write's own change event.
+    into the same inode keeps the watch. The new bytes are written over the old ones from the start and the file is
+    cut to their length only afterwards, never emptied first: a reader sees the old content or the new one, or, while
+    a shorter file is cut, the new content with a stale tail, which PEM readers skip; for the trust files the plan
+    shortens (the bridge back to the new anchor alone) that tail is the bridge's own end, so every moment's file is
+    one of the plan's files (replacement_plan).
     """
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)  # never creates: site.yml made it, mode and owner
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)  # never creates: site.yml made it, with its mode and owner
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], written)
+        os.ftruncate(fd, len(data))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -193,10 +197,12 @@ def write_in_place(path: str, data: bytes) -> None:
 
 @dataclass(frozen=True)
 class Replacement:
-    """One installed file of the head and the new content rotation puts there."""
+    """One write into an installed file of the head."""
 
     dest: str
     data: bytes
+    then_wait: bool = False
+    """Wait until the server presents the new certificate before the next write."""
 
 
 def replacement_problems(cert: str, key: str, dests: Mapping[str, str | None], ca: str | None = None) -> list[str]:
@@ -224,24 +230,52 @@ def replacement_problems(cert: str, key: str, dests: Mapping[str, str | None], c
     return problems
 
 
+def _joined(first: bytes, second: bytes) -> bytes:
+    return first + (b"" if first.endswith(b"\n") else b"\n") + second
+
+
 def replacement_plan(cert: bytes, key: bytes, ca: bytes | None, current: Mapping[str, bytes],
                      dests: Mapping[str, str]) -> list[Replacement]:
-    """The files to write, in the order that never serves a broken pair: the CA first (only the probes read it),
-    then the key, then the certificate. vLLM's refresher loads the certificate and key files together on every
-    change: after the key alone, the old certificate with the new key fails to load and the old pair keeps serving;
-    after the certificate, both are new. (The other order would leave vLLM with the new certificate and no usable
-    key until the key arrived: OpenSSL drops a key that does not match a newly set certificate.) Files already
-    holding their new content are left alone."""
-    wanted = [("ca", ca), ("key", key), ("cert", cert)]
-    return [Replacement(dests[role], data) for role, data in wanted
-            if data is not None and current.get(role) != data]
+    """The writes that take the head from its current files to the new ones with no failed request, in order.
+
+    vLLM's refresher loads the certificate and key files together on every change. The key goes first: the old
+    certificate with the new key fails to load and the old pair keeps serving; after the certificate, both are new.
+    (The other order leaves vLLM with the new certificate and no usable key until the key arrives: OpenSSL drops a
+    key that does not match a newly set certificate.)
+
+    The head's probes verify the server against a trust file: the CA file, or the certificate file itself when no
+    CA is set (api.tls_ca). A changed trust file first holds the new anchor and the old one together (a bridge),
+    until the server presents the new certificate; only then does it get its final content. Without a CA the
+    certificate file is the bridge: vLLM serves the new certificate with the old one as an extra chain member, which
+    clients ignore. Files already holding their new content are left alone; nothing to do is an empty plan.
+    """
+    new = {"ca": ca, "key": key, "cert": cert}
+    if all(current.get(role) == data for role, data in new.items() if data is not None):
+        return []
+    trust = "ca" if ca is not None else "cert"
+    bridged = current.get(trust) != new[trust]
+    steps = []
+    if trust == "ca" and bridged:
+        steps.append(Replacement(dests["ca"], _joined(ca, current["ca"])))  # type: ignore[arg-type]
+    if current.get("key") != key:
+        steps.append(Replacement(dests["key"], key))
+    if current.get("cert") != cert:
+        data = _joined(cert, current["cert"]) if trust == "cert" and bridged else cert
+        steps.append(Replacement(dests["cert"], data, then_wait=bridged))
+    elif bridged:
+        steps[-1] = Replacement(steps[-1].dest, steps[-1].data, then_wait=True)
+    if bridged:
+        steps.append(Replacement(dests[trust], new[trust]))  # type: ignore[arg-type]
+    return steps
 
 
-def replace(cert: str, key: str, dests: Mapping[str, str], ca: str | None = None, dry_run: bool = False
-            ) -> dict[str, object]:
-    """Rotate the head's installed files to the new ones (controller copies staged on the head), in place.
+def replace(cert: str, key: str, dests: Mapping[str, str], ca: str | None = None, dry_run: bool = False,
+            served: tuple[str, int] | None = None, wait_s: float = 30.0) -> dict[str, object]:
+    """Rotate the head's installed files to the new ones (controller copies staged on the head), in place, waiting
+    (at most wait_s) at a bridge until `served` (host, port) presents the new certificate.
 
-    Raises ValueError with every problem, before any write."""
+    Raises ValueError with every problem before any write, RuntimeError when the server did not take the new
+    certificate in time (the trust file then still holds the bridge)."""
     problems = replacement_problems(cert, key, dests, ca)
     if problems:
         raise ValueError("\n".join(problems))
@@ -249,11 +283,24 @@ def replace(cert: str, key: str, dests: Mapping[str, str], ca: str | None = None
                "ca": Path(ca).read_bytes() if ca else None}
     current = {role: Path(dest).read_bytes() for role, dest in dests.items() if dest and sources.get(role)}
     plan = replacement_plan(sources["cert"], sources["key"], sources["ca"], current, dests)  # type: ignore[arg-type]
+    fingerprint = leaf_fingerprint(sources["cert"])  # type: ignore[arg-type]
+    if any(step.then_wait for step in plan) and served is None and not dry_run:
+        raise ValueError("the new certificate changes the probes' trust file: give the API's address (--port) so "
+                         "that the old anchor is kept until the new certificate is served")
     if not dry_run:
         for step in plan:
             write_in_place(step.dest, step.data)
+            if step.then_wait and served is not None:
+                report = wait_served(*served, fingerprint, wait_s)
+                if not report["ok"]:
+                    why = f"; {report['error']}" if report["error"] else ""
+                    raise RuntimeError(
+                        f"{served[0]}:{served[1]} still serves {report['served'] or 'nothing'} after {wait_s:g} s, "
+                        f"not the new certificate ({fingerprint}){why}. {step.dest} holds the old and the new "
+                        "anchor; rerun the rotation once the server takes the new files (site.yml would write "
+                        "the final file and restart the pair)")
     return {"changed": bool(plan), "written": [step.dest for step in plan], "dry_run": dry_run,
-            "fingerprint": leaf_fingerprint(sources["cert"]), "previous": leaf_fingerprint(current["cert"])}
+            "fingerprint": fingerprint, "previous": leaf_fingerprint(current["cert"])}
 
 
 def served_fingerprint(host: str, port: int, timeout: float) -> str:
@@ -270,11 +317,10 @@ def served_fingerprint(host: str, port: int, timeout: float) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
-def wait_served(host: str, port: int, cert: str, wait_s: float, clock=time.monotonic, sleep=time.sleep,
+def wait_served(host: str, port: int, wanted: str, wait_s: float, clock=time.monotonic, sleep=time.sleep,
                 look=served_fingerprint) -> dict[str, object]:
-    """Wait (at most wait_s) until host:port serves the leaf of the PEM file `cert`: {"served", "wanted", "ok",
-    "waited_s", "error"}."""
-    wanted = leaf_fingerprint(Path(cert).read_bytes())
+    """Wait (at most wait_s) until host:port presents the certificate whose SHA-256 is `wanted`: {"served",
+    "wanted", "ok", "waited_s", "error"}."""
     start = clock()
     served, error = None, None
     while True:
@@ -292,12 +338,13 @@ def wait_served(host: str, port: int, cert: str, wait_s: float, clock=time.monot
 def cmd_replace(args: argparse.Namespace) -> int:
     dests = {"cert": args.into_cert, "key": args.into_key, "ca": args.into_ca}
     try:
-        report = replace(args.cert, args.key, dests, args.ca, dry_run=args.dry_run)
+        report = replace(args.cert, args.key, dests, args.ca, dry_run=args.dry_run,
+                         served=(args.host, args.port) if args.port else None, wait_s=args.wait)
     except ValueError as error:
         for line in str(error).splitlines():
             print(f"twinspark tls replace: {line}", file=sys.stderr)
         return 2
-    except OSError as error:
+    except (OSError, RuntimeError) as error:
         print(f"twinspark tls replace: {error}", file=sys.stderr)
         return 1
     print(json.dumps(report))
@@ -324,7 +371,7 @@ def cmd_running(args: argparse.Namespace) -> int:
 
 def cmd_served(args: argparse.Namespace) -> int:
     try:
-        report = wait_served(args.host, args.port, args.cert, args.wait)
+        report = wait_served(args.host, args.port, leaf_fingerprint(Path(args.cert).read_bytes()), args.wait)
     except (OSError, ValueError) as error:
         print(f"twinspark tls served: {args.cert}: {error}", file=sys.stderr)
         return 2
@@ -415,6 +462,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rep.add_argument("--into-cert", required=True, metavar="FILE", help="the installed certificate vLLM serves")
     rep.add_argument("--into-key", required=True, metavar="FILE", help="the installed key")
     rep.add_argument("--into-ca", metavar="FILE", help="the installed CA file (checked absent when --ca is not given)")
+    rep.add_argument("--host", default="127.0.0.1", help="the API's address, to wait at the bridge (default 127.0.0.1)")
+    rep.add_argument("--port", type=int, help="the API's port: the old anchor is kept until the new certificate is "
+                                              "served there")
+    rep.add_argument("--wait", type=float, default=SERVED_WAIT_S, metavar="S",
+                     help=f"give up waiting after S seconds (default {SERVED_WAIT_S:g})")
     rep.add_argument("--dry-run", action="store_true", help="check and say what would change; write nothing")
     rep.set_defaults(func=cmd_replace)
 
