@@ -442,8 +442,8 @@ def cmd_make_cert(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("tls", help="the API's optional TLS (make a self-signed test certificate; "
-                                               "rotation's steps on the head)")
+    parser = subparsers.add_parser("tls", help="the API's optional TLS (a self-signed test certificate; rotation's "
+                                               "head steps)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     make = verbs.add_parser("make-cert", help="write a self-signed certificate and key for the pair's API (tests, "
                                               "the simulated pair; a real pair should use its own CA)")
