@@ -46,6 +46,7 @@ def layout_args(etc: Path, state: Path) -> list[str]:
     """The env files, the restart flag, the node's layout file and the venv (this checkout's) under tmp_path."""
     return ["-e", f"twinspark_layout_serve_env={etc}/serve.env",
             "-e", f"twinspark_layout_secrets_env={etc}/secrets.env",
+            "-e", f"twinspark_layout_api_key_digests={etc}/api-keys.sha256",
             "-e", f"twinspark_layout_control_dir={state}",
             "-e", f"twinspark_layout_restart_flag={state}/restart-pending",
             "-e", f"twinspark_layout_router_drain_key={state}/router-drain.key",

@@ -82,7 +82,8 @@ def wait(accept: list[str], refuse: list[str], status: Callable[[str], int | str
 
 
 def _env_status(env: Mapping[str, str], timeout: float) -> Callable[[str], int | str]:
-    from twinspark import api  # requests, only for the live probe
+    # api imports requests: only the live probe needs it.
+    from twinspark import api
 
     url = api.url_from_env(env)
     http = api.session(api.tls_ca(env))
@@ -109,7 +110,8 @@ def _read_keys(stream) -> tuple[list[str], list[str]]:
 
 
 def command(opts: argparse.Namespace) -> int:
-    from twinspark import envfile, layout  # the env files, only on a node
+    # The env files and the node's layout: only the command on a node reads them.
+    from twinspark import envfile, layout
 
     try:
         accept, refuse = _read_keys(sys.stdin)

@@ -201,9 +201,11 @@ def target_environment(python: str, machine: str) -> dict[str, str]:
 
 def _packaging():
     try:
+        # packaging: an optional dependency (the controller's venv has it; a bare Python may not).
         from packaging.requirements import Requirement
         from packaging.version import Version
-    except ImportError:  # pip's own copy, wherever pip is
+    except ImportError:
+        # pip's own copy, wherever pip is: the fallback when packaging is not installed.
         from pip._vendor.packaging.requirements import Requirement
         from pip._vendor.packaging.version import Version
     return Requirement, Version
