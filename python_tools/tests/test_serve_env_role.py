@@ -6,6 +6,7 @@ directory; validation on the "node" uses this checkout's own `twinspark` command
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import envfile, generate, settings, validate
+from twinspark import apikeys, envfile, generate, settings, validate
 
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -161,6 +162,7 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
     assert serve.stat().st_mode & 0o777 == 0o640
     assert secrets.stat().st_mode & 0o777 == 0o600
     assert (state / "restart-pending").exists()
+    assert not (etc / "api-keys.sha256").exists(), "the worker serves no API: no digests file"
     text = serve.read_text()
     assert text.startswith("#")
     assert "NODE_RANK=1\n" in text and "VLLM_HOST_IP=10.77.0.2\n" in text
@@ -206,6 +208,10 @@ def test_the_hf_token_never_reaches_secrets_env(tmp_path):
     assert "HF_TOKEN" not in secrets
     assert token not in (etc / "secrets.env").read_text() + (etc / "serve.env").read_text()
     assert token not in result.stdout + result.stderr
+    # The head's patched vLLM takes its keys from their digests (docs/ROTATION.md): the key's sha256, never the key.
+    digests = (etc / "api-keys.sha256").read_text()
+    assert apikeys.parse(digests) == [hashlib.sha256(b"twinspark-sim-test-only-key").hexdigest()]
+    assert "twinspark-sim-test-only-key" not in digests and oct((etc / "api-keys.sha256").stat().st_mode)[-3:] == "640"
 
 
 def test_filter_plugin_finds_the_package_without_an_install(tmp_path):
