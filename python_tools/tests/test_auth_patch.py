@@ -15,6 +15,7 @@ import types
 import pytest
 from vllm_wheels import PATCHES, TARGETS, pristine_fixture  # noqa: F401  (the fixture `pristine`)
 
+from twinspark import apikeys
 from twinspark.cli import main
 
 MODULE = "vllm/entrypoints/serve/middleware/authenticate.py"
@@ -105,3 +106,68 @@ def test_the_original_let_invocations_through_without_a_key(patched):
     """The attack the patch closes, shown on the unpatched file from the same wheel."""
     _, original = patched
     assert _status(original, "/invocations", None) == 200
+
+
+# ----------------------------------------------------------------------------------------------- key rotation
+NEW_KEY = "test-only-new-key"
+
+
+def _digests(*keys: str) -> str:
+    """The file as role serve_env and `twinspark rotate api-key` write it (twinspark.apikeys.render)."""
+    return apikeys.render(keys)
+
+
+def _through(middleware, key: str | None, path: str = "/v1/models") -> int:
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    asyncio.run(middleware({"type": "http", "method": "GET", "path": path, "root_path": "", "headers": headers},
+                           None, send))
+    return sent[0]["status"]
+
+
+def _rotating(module, tmp_path, monkeypatch):
+    """One middleware (as vLLM keeps one for its life) started with KEY and a digests file that does not exist yet."""
+    ring = tmp_path / "api-keys.sha256"
+    monkeypatch.setenv("TWINSPARK_VLLM_API_KEY_DIGESTS", str(ring))
+    monkeypatch.setattr(module, "DIGESTS_RECHECK_S", 0.0, raising=False)
+    return module.AuthenticationMiddleware(_inference, tokens=[KEY]), ring
+
+
+def test_a_new_key_is_accepted_and_the_old_one_dropped_without_a_restart(patched, tmp_path, monkeypatch):
+    module, _ = patched
+    middleware, ring = _rotating(module, tmp_path, monkeypatch)
+    assert (_through(middleware, KEY), _through(middleware, NEW_KEY)) == (200, 401)  # no file yet: start-up keys
+    ring.write_text(_digests(NEW_KEY, KEY))
+    assert (_through(middleware, KEY), _through(middleware, NEW_KEY)) == (200, 200)  # both, during the rotation
+    staged = tmp_path / "staged"
+    staged.write_text(_digests(NEW_KEY))
+    staged.replace(ring)  # as Ansible's copy writes: a new file renamed over the old
+    assert (_through(middleware, KEY), _through(middleware, NEW_KEY), _through(middleware, None)) == (401, 200, 401)
+
+
+@pytest.mark.parametrize("content", ["", "# only a comment\n", "not-hex\n", "abcd\n", "ab" * 33 + "\n", "é\n"])
+def test_a_digests_file_that_is_empty_or_malformed_keeps_the_last_good_keys(patched, tmp_path, monkeypatch, content):
+    module, _ = patched
+    middleware, ring = _rotating(module, tmp_path, monkeypatch)
+    ring.write_text(_digests(NEW_KEY))
+    assert _through(middleware, NEW_KEY) == 200
+    ring.write_text(content)
+    assert (_through(middleware, KEY), _through(middleware, NEW_KEY)) == (401, 200)
+    ring.unlink()
+    assert (_through(middleware, KEY), _through(middleware, NEW_KEY)) == (401, 200)
+
+
+def test_the_digests_file_is_read_only_when_the_launcher_names_it(patched, tmp_path, monkeypatch):
+    module, original = patched
+    ring = tmp_path / "api-keys.sha256"
+    ring.write_text(_digests(NEW_KEY))
+    monkeypatch.delenv("TWINSPARK_VLLM_API_KEY_DIGESTS", raising=False)
+    assert _through(module.AuthenticationMiddleware(_inference, tokens=[KEY]), NEW_KEY) == 401
+    # The unpatched middleware never reads it: rotation needs the patch.
+    monkeypatch.setenv("TWINSPARK_VLLM_API_KEY_DIGESTS", str(ring))
+    assert _through(original.AuthenticationMiddleware(_inference, tokens=[KEY]), NEW_KEY) == 401
+    assert _through(module.AuthenticationMiddleware(_inference, tokens=[KEY]), NEW_KEY) == 200

@@ -293,3 +293,35 @@ def test_a_verb_names_where_the_inventorys_prometheus_and_alertmanager_answer(fl
     tree["all"]["vars"]["monitoring_enabled"] = False
     (fleet_project / "off.yml").write_text(yaml.safe_dump(tree))
     assert frontdoor.monitor_line(str(fleet_project / "off.yml")) is None
+
+
+ROTATE_PLAYBOOK = """\
+- name: Record what rotate was asked
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Write the kind, phase and grace
+      ansible.builtin.copy:
+        content: "{{ [twinspark_rotate, key_rotation_phase, key_rotation_grace_s] | to_json }}"
+        dest: "{{ marker }}"
+        mode: "0644"
+"""
+
+
+def test_rotate_hands_its_kind_phase_and_grace_to_the_rotate_playbook(project, capsys):
+    (project / "playbooks").mkdir()
+    (project / "playbooks" / "rotate.yml").write_text(ROTATE_PLAYBOOK)
+    inventory = str(project / "inventory.ini")
+    assert cli.main(["rotate", "api-key", "-i", inventory, "--phase", "add", "--grace", "30", "--no-health"]) == 0
+    assert json.loads((project / "marker").read_text()) == ["api-key", "add", 30]
+    assert "twinspark rotate: playbooks/rotate.yml on" in capsys.readouterr().err
+    assert cli.main(["rotate", "guard-key", "-i", inventory, "--no-health"]) == 0
+    assert json.loads((project / "marker").read_text()) == ["guard-key", "all", 0]
+
+
+def test_rotate_refuses_a_kind_it_does_not_know(project, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["rotate", "hf-token", "-i", str(project / "inventory.ini")])
+    assert stopped.value.code == 2
+    assert "invalid choice: 'hf-token'" in capsys.readouterr().err
+    assert not (project / "marker").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import cli, envfile, launcher, nodeenv, validate, vllm_entry
+from twinspark import cli, envfile, launcher, layout, nodeenv, validate, vllm_entry
 
 PINNED = "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
 REASONING_CONFIG = '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>","reasoning_end_str":"</think>"}'
@@ -210,9 +210,20 @@ def test_the_worker_rank_gets_no_api_key_at_all(tmp_path, capsys, profile):
     shown = dry_run(capsys, path, extra_args=("--skip-gid", "--show-secrets"))
     assert "worker-must-not-see-this" not in json.dumps(shown)
     assert launcher.API_KEYS_ENV in shown["unset"] and "VLLM_API_KEY" in shown["unset"]
+    assert vllm_entry.API_KEY_DIGESTS_ENV in shown["unset"]
     values = validate.validate({**nodeenv.example_env(profile, 1)[0], "VLLM_API_KEY": "k"}).values
     inherited = {launcher.API_KEYS_ENV: "leaked", "VLLM_API_KEY": "leaked", "PATH": "/usr/bin"}
     assert "leaked" not in launcher.build_command(values).process_env(inherited).values()
+
+
+@pytest.mark.parametrize("profile", ["gb10", "cpu"])
+def test_the_head_names_the_digests_file_its_patched_vllm_rereads_and_no_key_means_none(tmp_path, capsys, profile):
+    shown = dry_run(capsys, write_defaults(tmp_path, profile, 0, "VLLM_API_KEY=k1\n"), extra_args=("--skip-gid",))
+    assert shown["env"][vllm_entry.API_KEY_DIGESTS_ENV] == layout.current().api_key_digests
+    assert "k1" not in shown["env"][vllm_entry.API_KEY_DIGESTS_ENV]
+    keyless = dry_run(capsys, write_defaults(tmp_path, profile, 0, ""), extra_args=("--skip-gid",))
+    assert vllm_entry.API_KEY_DIGESTS_ENV not in keyless["env"]
+    assert vllm_entry.API_KEY_DIGESTS_ENV in keyless["unset"]
 
 
 def test_vllm_entry_moves_the_keys_from_its_environment_into_vllms_parser_only():

@@ -16,6 +16,7 @@ import sys
 
 # name -> (module that registers it, help shown by `twinspark --help`); the order is the order of --help.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "apikeys": ("twinspark.apikeys", "the head's accepted API keys: wait until the API takes and refuses given keys"),
     "bench": ("twinspark.bench", "concurrency sweep of streaming chat completions (TTFT, tok/s)"),
     "doctor": ("twinspark.doctor.command",
                "judge this node (or saved facts) against the failures Spark pairs hit; exit 0, 1 or 2"),
@@ -31,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upgrade": ("twinspark.frontdoor",
                 "stage the inventory's runtime, switch, restart, gate, roll back on failure (playbooks/upgrade.yml)"),
     "rollback": ("twinspark.frontdoor", "return both nodes to the previous runtime, once (playbooks/rollback.yml)"),
+    "rotate": ("twinspark.frontdoor", "replace a secret while the pair serves (playbooks/rotate.yml)"),
     "gpu": ("twinspark.gpu", "GPU facts from nvidia-smi"),
     "health": ("twinspark.health.command", "check the pair's health (table, --json, --prom-file)"),
     "serve": ("twinspark.launcher", "start this node's vLLM rank from its env files (exec, no shell)"),

@@ -1,8 +1,9 @@
-"""`twinspark deploy|start|stop|restart|status|upgrade|rollback -i INVENTORY`: the playbooks with a live view.
+"""`twinspark deploy|start|stop|restart|status|upgrade|rollback|rotate -i INVENTORY`: the playbooks with a live view.
 
 Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook` would (same inventory, same
-ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback =
-playbooks/<verb>.yml. Instead of scrolling logs it shows the current play and task and per-host
+ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback/rotate =
+playbooks/<verb>.yml. `rotate KIND [--phase P] [--grace S]` passes the kind (api-key, guard-key, copy-key, tls)
+and, for the API key, the phase and grace to playbooks/rotate.yml (docs/ROTATION.md). Instead of scrolling logs it shows the current play and task and per-host
 ok/changed/failed counters on one redrawn line, prints each failure as it happens, keeps the run's events under
 ./artifacts/<timestamp>/ for post-mortems, names where the pair's Prometheus and Alertmanager answer (role
 monitoring) and ends with the `twinspark health` table (except after stop). A run's
@@ -48,6 +49,7 @@ PLAYBOOKS = {
     "status": "playbooks/status.yml",
     "upgrade": "playbooks/upgrade.yml",
     "rollback": "playbooks/rollback.yml",
+    "rotate": "playbooks/rotate.yml",
 }
 HELP = {
     "deploy": "make both nodes match the inventory and serve (site.yml)",
@@ -57,7 +59,12 @@ HELP = {
     "status": "show both units and the API (playbooks/status.yml)",
     "upgrade": "stage the inventory's runtime, switch, restart, gate, roll back on failure (playbooks/upgrade.yml)",
     "rollback": "return both nodes to the previous runtime, once (playbooks/rollback.yml)",
+    "rotate": "replace a secret while the pair serves, the new one valid before the old is dropped "
+              "(playbooks/rotate.yml)",
 }
+# What `twinspark rotate KIND` replaces (docs/ROTATION.md).
+ROTATE_KINDS = ("api-key", "guard-key", "copy-key", "tls")
+ROTATE_PHASES = ("all", "add", "drop")
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
 # Verbs whose playbook refuses a run covering several pairs (playbooks/tasks/one_pair_at_a_time.yml): on a fleet the
 # front door runs them once per pair, with a health gate in between.
@@ -335,6 +342,9 @@ def _command(args: argparse.Namespace) -> int:
         extra.append("--check")
     if args.diff:
         extra.append("--diff")
+    if args.verb == "rotate":
+        extra += ["--extra-vars", json.dumps({"twinspark_rotate": args.kind, "key_rotation_phase": args.phase,
+                                              "key_rotation_grace_s": args.grace})]
     for value in args.extra_vars or []:
         extra += ["--extra-vars", value]
     refusal = _route_refusal(inventory)
@@ -376,6 +386,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for verb, playbook in PLAYBOOKS.items():
         parser = subparsers.add_parser(verb, help=HELP[verb], description=__doc__,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
+        if verb == "rotate":
+            parser.add_argument("kind", choices=ROTATE_KINDS, help="what to replace: the clients' API key, the pair "
+                                "guard's SSH key, the model-copy SSH key, or the API's TLS certificate and key")
+            parser.add_argument("--phase", choices=ROTATE_PHASES, default="all",
+                                help="api-key: add (old and new both valid), drop (old refused), or all (default)")
+            parser.add_argument("--grace", type=int, default=0, metavar="S",
+                                help="api-key, phase all: seconds between the switch and the drop, for clients "
+                                "outside TwinSpark to move to the new key (default 0)")
         parser.add_argument("-i", "--inventory", help="Ansible inventory (default: ansible.cfg's)")
         parser.add_argument("--artifacts", default="artifacts", metavar="DIR",
                             help="where each run's events are kept, one <timestamp> folder per run (default "

