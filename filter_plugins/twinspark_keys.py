@@ -35,6 +35,12 @@ def twinspark_key_material(text):
     return key_material(text)
 
 
+def twinspark_key_id(text):
+    """A short name for a key in messages: its type and the end of its blob (public, and enough to tell two apart)."""
+    kind, blob = key_material(text).split()
+    return f"{kind} ...{blob[-12:]}"
+
+
 def twinspark_key_lines(authorized_text, marker):
     """The authorized_keys lines that `marker` (the regexp site.yml's lineinfile uses) matches, in file order."""
     pattern = re.compile(marker)
@@ -85,6 +91,7 @@ def twinspark_option(argv, name):
 class FilterModule:
     def filters(self):
         return {"twinspark_key_material": twinspark_key_material,
+                "twinspark_key_id": twinspark_key_id,
                 "twinspark_key_lines": twinspark_key_lines,
                 "twinspark_authorized_line_for": twinspark_authorized_line_for,
                 "twinspark_other_keys_regexp": twinspark_other_keys_regexp,
