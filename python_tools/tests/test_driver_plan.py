@@ -309,3 +309,20 @@ def test_summary_of_handshaped_gb10():
     assert driver_plan.summary(parse_handshaped("gb10_driver_580")) == (
         "GPU 0 NVIDIA GB10, driver 580.95.05 (branch 580), persistence on"
     )
+
+
+def test_the_recorded_h200_on_driver_580_passes_the_branch_rule_and_fails_only_for_not_being_a_gb10():
+    """A real driver-580 output (fixtures/recorded_nvidia_smi_h200): the branch and persistence rules pass on it; the
+    gb10 profile's verify still stops, naming the GPU nvidia-smi lists."""
+    from test_gpu import _recorded
+
+    from twinspark import gpu
+
+    query = gpu.parse_query_output(*_recorded("h200"))
+    (finding,) = driver_plan.assess(query, loaded_module_version="580.159.04", installed_module_version="580.159.04",
+                                    required_branch=580, expected_gpu_name="NVIDIA GB10",
+                                    require_persistence=True).findings
+    assert "no NVIDIA GB10 visible (nvidia-smi lists 'NVIDIA H200')" in finding
+    assessment = driver_plan.assess(query, loaded_module_version="580.159.04", installed_module_version="580.159.04",
+                                    required_branch=580, expected_gpu_name="NVIDIA H200", require_persistence=True)
+    assert assessment.findings == () and driver_plan.next_step("verify", assessment, rebooted=False).action == "ok"

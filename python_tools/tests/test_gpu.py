@@ -142,3 +142,21 @@ def test_cli_non_executable_nvidia_smi_is_a_failure_naming_the_path(tmp_path, ca
     code = cli.main(["gpu", "info", "--nvidia-smi", str(not_executable)])
     assert code == 1
     assert f"{not_executable} is not executable" in capsys.readouterr().out
+
+
+def _recorded(case: str) -> tuple[str, str, int]:
+    directory = Path(__file__).parent / "fixtures" / f"recorded_nvidia_smi_{case}"
+    return ((directory / "stdout.txt").read_text(), (directory / "stderr.txt").read_text(),
+            int((directory / "returncode").read_text()))
+
+
+def test_the_recorded_h200_output_parses_as_the_machine_reported_it():
+    """fixtures/recorded_nvidia_smi_h200: the tools' own query on a real H200 with driver 580 (scripts/device/gpu-facts
+    printed gpu info's JSON there with the same values)."""
+    query = gpu.parse_query_output(*_recorded("h200"))
+    assert (query.status, query.exit_code, query.reboot_required) == ("ok", 0, False)
+    (only,) = query.gpus
+    assert only.name == "NVIDIA H200" and only.pci_bus_id == "00000000:00:06.0"
+    assert (only.driver_version, only.driver_branch) == ("580.159.04", 580)
+    assert (only.memory_total_mib, only.memory_used_mib) == (143771, 0)
+    assert only.persistence_mode is True and only.compute_capability == "9.0"

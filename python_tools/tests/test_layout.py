@@ -28,10 +28,12 @@ ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 DEFAULTS = layout.defaults()
 # The layout role itself and the registry are the defining places; tests (the alert rules' promtool cases too),
-# molecule (the simulated pair's test scenario) and prose are not searched.
+# molecule (the simulated pair's test scenario), prose and the runtime's locks (sha256 digests, where any run of
+# digits turns up) are not searched.
 DEFINING = {"python_tools/twinspark/layout.yml", "roles/twinspark_layout/defaults/main.yml",
             "roles/twinspark_layout/meta/argument_specs.yml"}
-NOT_SEARCHED = ("python_tools/tests/", "molecule/", "docs/", "roles/monitoring/files/alerts/tests/")
+NOT_SEARCHED = ("python_tools/tests/", "molecule/", "docs/", "roles/monitoring/files/alerts/tests/",
+                "roles/vllm_runtime/files/locks/")
 
 OVERRIDE_VENV = "/srv/other-venv"
 OVERRIDE_UNIT = "other-rank.service"

@@ -67,6 +67,17 @@ def probe_once(tmp_path: Path, arguments: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow(3)
+def test_the_module_reads_an_interpreters_version_and_machine(tmp_path):
+    # What chooses the vllm_runtime role's lock: the interpreter the runtime's venv is made from, run once.
+    (tmp_path / "node").mkdir()
+    probed = probe_once(tmp_path, f"""\
+        pythons: ["{sys.executable}", "{{{{ root }}}}/no-such-python"]""")
+    assert probed["pythons"][sys.executable] == {"version": f"{sys.version_info[0]}.{sys.version_info[1]}",
+                                                 "machine": os.uname().machine}
+    assert "No such file" in probed["pythons"][f"{tmp_path}/node/no-such-python"]["error"]
+
+
 @pytest.mark.slow(5)
 def test_the_module_reads_paths_without_following_links_and_the_accounts(tmp_path):
     node = tmp_path / "node"

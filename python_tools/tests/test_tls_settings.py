@@ -76,6 +76,15 @@ def test_vllm_gets_its_own_tls_flags_on_the_head_only_and_never_the_ca():
     assert "--ssl-certfile" not in worker and "--ssl-keyfile" not in worker
 
 
+def test_a_tls_head_reloads_its_certificate_when_the_files_change_and_a_plain_head_has_no_refresher():
+    """`twinspark rotate tls` needs vLLM's certificate refresher; it comes with the certificate, never alone."""
+    head = launcher.build_command(validate.validate(nodeenv.node_env(ON, 0, HEAD, WORKER)[0]).values).argv
+    assert head.count("--enable-ssl-refresh") == 1
+    plain = launcher.build_command(validate.validate(nodeenv.node_env({}, 0, HEAD, WORKER)[0]).values).argv
+    worker = launcher.build_command(validate.validate(nodeenv.node_env(ON, 1, HEAD, WORKER)[0]).values).argv
+    assert "--enable-ssl-refresh" not in plain and "--enable-ssl-refresh" not in worker
+
+
 def test_every_installed_knob_is_a_head_file_with_a_bound():
     knobs = tls.installed_knobs()
     assert [k.var for k in knobs] == ["twinspark_vllm_tls_cert", "twinspark_vllm_tls_key", "twinspark_vllm_tls_ca"]

@@ -86,7 +86,7 @@ def wrong_stock_registry() -> settings.Registry:
 def judged(vllm_python, hf_home) -> dict[str, object]:
     """vLLM's own code in the throwaway venv on argv built here, all cases in one process (vLLM imports once, the
     dearest step on this machine): case name -> vllmcheck.check's findings, plus "tls_ssl_args", what vLLM's serve
-    parser puts into ssl_certfile, ssl_keyfile and ssl_ca_certs for the TLS head's argv."""
+    parser puts into ssl_certfile, ssl_keyfile, ssl_ca_certs and enable_ssl_refresh for the TLS head's argv."""
     config = json.loads(CONFIG.read_text())
     clamped = {**config, "swiglu_limit": 10.0,
                "quantization_config": {**config["quantization_config"], "moe_quant_algo": "NVFP4"}}
@@ -104,7 +104,8 @@ def judged(vllm_python, hf_home) -> dict[str, object]:
               "parser = FlexibleArgumentParser(prog='vllm'); sub = parser.add_subparsers(dest='subparser'); "
               "vllmcheck._serve_cli_args().make_arg_parser(sub.add_parser('serve', prog='vllm serve')); "
               "args = parser.parse_args(['serve', *cases['tls_head'][0]]); "
-              "out['tls_ssl_args'] = [args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs]; "
+              "out['tls_ssl_args'] = [args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs, "
+              "args.enable_ssl_refresh]; "
               "print(json.dumps(out))")
     done = subprocess.run([str(vllm_python), "-c", script], input=json.dumps(cases), capture_output=True, text=True,
                           timeout=600, env=_vllm_env(hf_home))
@@ -251,10 +252,11 @@ def tls_head_argv() -> list[str]:
 
 def test_tls_on_the_head_is_vllms_own_ssl_flags(judged):
     """The head's argv with TLS on passes vLLM 0.33.0's checks (the ones `twinspark runtime check` runs), and
-    vLLM's own parser puts the two files into its ssl_certfile/ssl_keyfile (the API server's TLS) and nothing into
-    ssl_ca_certs (no client certificates)."""
+    vLLM's own parser puts the two files into its ssl_certfile/ssl_keyfile (the API server's TLS), nothing into
+    ssl_ca_certs (no client certificates), and turns on its certificate refresher (enable_ssl_refresh: the files
+    are reloaded when they change, which `twinspark rotate tls` relies on)."""
     assert judged["tls_head"] == []
-    assert judged["tls_ssl_args"] == ["/etc/twinspark/tls/server.crt", "/etc/twinspark/tls/server.key", None]
+    assert judged["tls_ssl_args"] == ["/etc/twinspark/tls/server.crt", "/etc/twinspark/tls/server.key", None, True]
 
 
 # ---- no vLLM needed below: the glue's own rules and the command's input handling

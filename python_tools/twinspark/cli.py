@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pair": ("twinspark.pair.cli", "keep the two ranks serving as one pair (runs on the head)"),
     "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
     "runtime": ("twinspark.installed_runtime", "report the installed serving runtime (vLLM, torch, patches)"),
-    "tls": ("twinspark.tls", "the API's optional TLS (make a self-signed test certificate)"),
+    "tls": ("twinspark.tls", "the API's optional TLS (a self-signed test certificate; rotation's head steps)"),
 }
 
 # Kept for callers that list the modules (each once, in table order).

@@ -2,11 +2,11 @@
 
 Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook` would (same inventory, same
 ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback/rotate =
-playbooks/<verb>.yml. `rotate KIND [--phase P] [--grace S]` passes the kind (api-key, guard-key, copy-key, tls)
-and, for the API key, the phase and grace to playbooks/rotate.yml (docs/ROTATION.md). Instead of scrolling logs it shows the current play and task and per-host
-ok/changed/failed counters on one redrawn line, prints each failure as it happens, keeps the run's events under
-./artifacts/<timestamp>/ for post-mortems, names where the pair's Prometheus and Alertmanager answer (role
-monitoring) and ends with the `twinspark health` table (except after stop). A run's
+playbooks/<verb>.yml. `rotate KIND [--phase P] [--grace S]` passes the kind (api-key, guard-key, copy-key, tls) and,
+for the API key, the phase and grace to playbooks/rotate.yml (docs/ROTATION.md). Instead of scrolling logs it shows
+the current play and task and per-host ok/changed/failed counters on one redrawn line, prints each failure as it
+happens, keeps the run's events under ./artifacts/<timestamp>/ for post-mortems, names where the pair's Prometheus
+and Alertmanager answer (role monitoring) and ends with the `twinspark health` table (except after stop). A run's
 folder keeps no environment and no --extra-vars value (ansible-runner writes both to its `command` file: they are
 scrubbed after the run), and only the newest --keep-runs folders (20) are kept.
 

@@ -71,7 +71,7 @@ def _default_text(knob: Knob, profile: str) -> str:
 
 def _how_passed(knob: Knob) -> str:
     if knob.passes == "arg":
-        return f"vLLM flag `{knob.arg}`"
+        return f"vLLM flag `{knob.arg}`" + "".join(f" (with `{flag}`)" for flag in knob.with_args)
     if knob.passes == "env":
         return "vLLM environment"
     return "launcher only (not in vLLM's environment)"

@@ -133,7 +133,7 @@ def build_command(
             if value == "1":
                 argv.append(knob.arg)
         elif value != "":
-            argv += [knob.arg, value]
+            argv += [knob.arg, value, *knob.with_args]
     if values.get("NODE_RANK") == "1":
         argv.append("--headless")
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")

@@ -2,9 +2,9 @@
 
 A runtime is a venv plus the patch set applied to it. Its content id is computed from everything that decides what
 code a rank runs: the vLLM distribution and version, the wheel set (each distribution's version and the sha256 of
-its wheel), the patch set (every file of patches/<target>/, by content) and the twinspark package (its wheel's
-sha256). The same inputs give the same id on both nodes and on every run; any change gives a new id, hence a new
-directory, so staging a runtime never touches the one a rank is running.
+its wheel, from the runtime's lock or the fork's pinned list), the patch set (every file of patches/<target>/, by
+content) and the twinspark package (its wheel's sha256). The same inputs give the same id on both nodes and on every
+run; any change gives a new id, hence a new directory, so staging a runtime never touches the one a rank is running.
 
 Layout under the runtimes root (default /opt/twinspark/runtimes):
 
@@ -61,53 +61,6 @@ def digest_files(files: Iterable[tuple[str, bytes]]) -> str:
     for path, content in sorted(files):
         outer.update(f"{path}\0{hashlib.sha256(content).hexdigest()}\n".encode())
     return outer.hexdigest()
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_set(report: Mapping) -> dict[str, str]:
-    """name -> "version sha256" for every distribution in a `pip install --dry-run --report` report.
-
-    The sha256 is the one pip recorded for the wheel (a local wheelhouse file or the index's); a wheel without one
-    contributes its version alone. ValueError when the report has no install list.
-    """
-    install = report.get("install") if isinstance(report, Mapping) else None
-    if not isinstance(install, list):
-        raise ValueError("not a pip installation report (no 'install' list): run pip install --dry-run --report")
-    found = {}
-    for item in install:
-        meta = item.get("metadata") or {}
-        name = _normalized(str(meta.get("name", "")))
-        info = (item.get("download_info") or {}).get("archive_info") or {}
-        sha = (info.get("hashes") or {}).get("sha256") or (info.get("hash") or "").removeprefix("sha256=")
-        found[name] = f"{meta.get('version', '')} {sha}".strip()
-    return found
-
-
-def install_requirements(wheels: Mapping[str, str], leave_out: Iterable[str] = ()) -> str:
-    """pip's requirements for exactly the resolved wheel set (`wheel_set`), less the distributions in `leave_out`.
-
-    Installed with `pip install --no-deps -r`, the runtime holds what its content id names and nothing else, and
-    pip does not resolve the set a second time. Every entry pins its version; when every wheel has a sha256 each
-    entry carries it too, which puts pip in hash-checking mode (a wheel that changed since the resolution is
-    refused). ValueError for an entry without a version.
-    """
-    skipped = {_normalized(name) for name in leave_out}
-    entries = []
-    for name, pin in sorted(wheels.items()):
-        version, _, sha = pin.partition(" ")
-        if not version:
-            raise ValueError(f"the resolved wheel set has no version for {name!r}: resolve it again")
-        if _normalized(name) not in skipped:
-            entries.append((name, version, sha))
-    hashed = all(sha for _, _, sha in entries)
-    lines = ["# The runtime's resolved wheel set, written by the vllm_runtime role; installed with",
-             "# pip install --no-deps -r THIS_FILE (and the role's --no-index --find-links or --index-url)"]
-    for name, version, sha in entries:
-        lines.append(f"{name}=={version}" + (f" --hash=sha256:{sha}" if hashed else ""))
-    return "\n".join(lines) + "\n"
 
 
 def patch_set_digest(directory: Path) -> str:

@@ -27,7 +27,7 @@ EMPTY_MEANINGS = ("default", "absent", "keep")
 KNOWN_FIELDS = {
     "env", "var", "type", "default", "default_from", "choices", "min", "max", "min_exclusive", "multiple_of",
     "allow_auto", "empty", "profiles", "required", "derived", "per_node", "secret", "concern", "file", "passes",
-    "arg", "doc", "single", "flavours", "installed_as",
+    "arg", "with_args", "doc", "single", "flavours", "installed_as",
 }
 INSTALLED_FIELDS = {"path", "mode", "max_bytes", "pem"}
 
@@ -71,6 +71,8 @@ class Knob:
     secret: bool = False
     single: bool = False
     arg: str | None = None
+    with_args: tuple[str, ...] = ()
+    """Flags that go with `arg` whenever the knob passes a value (vLLM switches that belong to it)."""
     flavours: tuple[str, ...] = FLAVOURS
     """The runtime flavours that read the knob; under another flavour setting it is an error."""
     installed_as: Installed | None = None
@@ -252,6 +254,7 @@ def parse_registry(data: dict[str, Any]) -> Registry:
             secret=bool(entry.get("secret", False)),
             single=bool(entry.get("single", False)),
             arg=entry.get("arg"),
+            with_args=_tuple(entry.get("with_args")),
             flavours=_tuple(entry.get("flavours", FLAVOURS)),
             installed_as=_installed(env, entry.get("installed_as")),
         )
@@ -317,6 +320,7 @@ def _check_knob(knob: Knob) -> None:
         (bool(knob.flavours) and set(knob.flavours) <= set(FLAVOURS), f"flavours {knob.flavours!r}"),
         (knob.var.startswith("twinspark_"), f"var {knob.var!r} lacks the twinspark_ prefix"),
         (knob.passes != "arg" or bool(knob.arg), "passes: arg without an arg"),
+        (not knob.with_args or (knob.passes == "arg" and knob.type != "bool"), "with_args without a valued arg"),
         (knob.type != "choice" or bool(knob.choices), "choice without choices"),
         (knob.secret == (knob.file == "secrets"), "secret knobs, and only they, live in secrets.env"),
         (knob.installed_as is None or (knob.type == "path" and not knob.per_node and knob.default is None),
