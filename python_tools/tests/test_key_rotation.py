@@ -189,6 +189,32 @@ def test_a_swap_cut_after_the_rename_is_finished_by_the_next_call(tmp_path):
     assert (tmp_path / "id_ed25519.pub").read_text() == new
 
 
+def test_every_step_of_the_swap_leaves_a_pair_ssh_accepts(tmp_path, monkeypatch):
+    """A swap killed after any of its file operations leaves <key> and <key>.pub (if any) of one key: ssh offers the
+    .pub and signs with the private key, and fails on a mismatch (the real-sshd test below shows it)."""
+    key = tmp_path / "id_ed25519"
+    _keygen(key)
+    _keygen(tmp_path / "id_ed25519.next")
+    states: list[tuple[str, str | None]] = []
+
+    def record() -> None:
+        private = subprocess.run(["ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True, check=True)
+        pub = key.with_name("id_ed25519.pub")
+        states.append((keys.key_material(private.stdout), keys.key_material(pub.read_text()) if pub.exists() else None))
+
+    for name in ("rename", "unlink"):
+        real = getattr(os, name)
+
+        def step(*args, _real=real, **kwargs):
+            _real(*args, **kwargs)
+            record()
+        monkeypatch.setattr(swap_module.os, name, step)
+    swap_module.swap(str(key), str(tmp_path / "pair.lock"), 1)
+    monkeypatch.undo()
+    assert len(states) >= 3
+    assert [state for state in states if state[1] not in (None, state[0])] == []
+
+
 def test_the_swap_waits_for_the_pairs_lifecycle_lock_and_names_its_holder(tmp_path):
     key = tmp_path / "id_ed25519"
     old = _keygen(key)
