@@ -15,99 +15,32 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
+import sshd_namespace
 
-SSHD = Path("/usr/sbin/sshd")
-PORT = 2222  # a fresh namespace: every port is free
-READY_S = 20
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "creating a network namespace needs root"
-    if not SSHD.is_file():
-        return f"{SSHD} is missing: install the Debian package openssh-server (.ci/run does)"
-    for tool in ("unshare", "nsenter", "ssh-keygen", "ip"):
-        if shutil.which(tool) is None:
-            return f"{tool} is missing (util-linux / openssh-client / iproute2)"
-    return None
+PORT = sshd_namespace.PORT
 
 
 @pytest.fixture
 def sshd_in_netns(tmp_path):
     """(pid of sshd, its directory): sshd on 127.0.0.1:PORT inside a namespace of its own."""
-    reason = _missing()
+    reason = sshd_namespace.missing()
     if reason:
         pytest.skip(reason)
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
-    for name in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(tmp_path / name)],
-                       check=True, timeout=30)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "client_key", "-f",
+                    str(tmp_path / "client_key")], check=True, timeout=30)
     (tmp_path / "authorized_keys").write_text((tmp_path / "client_key.pub").read_text())
-    host_type, host_blob = (tmp_path / "host_key.pub").read_text().split()[:2]
-    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{PORT} {host_type} {host_blob}\n")
-    config = tmp_path / "sshd_config"
-    config.write_text(textwrap.dedent(f"""\
-        ListenAddress 127.0.0.1:{PORT}
-        HostKey {tmp_path / "host_key"}
-        AuthorizedKeysFile {tmp_path / "authorized_keys"}
-        PidFile none
-        StrictModes no
-        UsePAM no
-        PermitRootLogin prohibit-password
-        PasswordAuthentication no
-        KbdInteractiveAuthentication no
-        PubkeyAuthentication yes
-        LogLevel INFO
-        """))
-    script = ("mount -t tmpfs -o mode=755 tmpfs /run && mkdir -m 755 /run/sshd && ip link set lo up && "
-              f"exec {SSHD} -D -e -f {config}")
-    process = subprocess.Popen(["unshare", "--net", "--mount", "--", "sh", "-c", script],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    log: list[str] = []
-    ready = threading.Event()
-
-    def follow() -> None:
-        for line in process.stderr:
-            log.append(line.rstrip())
-            if "Server listening on 127.0.0.1" in line:
-                ready.set()
-
-    threading.Thread(target=follow, daemon=True).start()
-    try:
-        if not ready.wait(READY_S):
-            pytest.fail(f"sshd did not listen within {READY_S} s (exit {process.poll()}): {log[-5:]}")
-        yield process.pid, tmp_path
-    finally:
-        _wait_for_sessions_to_end(process.pid)
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def _wait_for_sessions_to_end(pid: int, limit_s: float = 10) -> None:
-    """Let sshd reap its per-connection processes first: stopped earlier, it would leave them to PID 1."""
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            if not children.read_text().split():
-                return
-        except OSError:
-            return
-        time.sleep(0.1)
+    with sshd_namespace.running(tmp_path, tmp_path / "authorized_keys", "LogLevel INFO\n") as pid:
+        (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{PORT} {sshd_namespace.host_key_line(tmp_path)}\n")
+        yield pid, tmp_path
 
 
 def client(pid: int, directory: Path, body: str) -> subprocess.CompletedProcess:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sshd_namespace
 import yaml
 
 from twinspark import generate
@@ -27,8 +28,7 @@ from twinspark.pair import lifecycle
 
 ROOT = generate.repo_root()
 ROLE = ROOT / "roles" / "key_rotation"
-SSHD = Path(os.environ.get("TWINSPARK_TEST_SSHD", "/usr/sbin/sshd"))
-PORT = 2222
+PORT = sshd_namespace.PORT
 GUARD_OPTIONS = 'restrict,command="/usr/local/libexec/twinspark-peer-control",from="10.77.0.1,10.78.0.1"'
 COPY_OPTIONS = 'restrict,from="10.77.0.1",command="/usr/local/libexec/twinspark-model-receive"'
 OPERATOR = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINklMIiZDgXFFmdGX/KbXIr6Mki4AZePkcWSlaLd7U4N operator"
@@ -228,24 +228,12 @@ def test_the_swap_waits_for_the_pairs_lifecycle_lock_and_names_its_holder(tmp_pa
 
 # --- the real thing: sshd and a forced command ---
 
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "creating a network namespace needs root"
-    if not SSHD.is_file():
-        return f"{SSHD} is missing: install openssh-server, or point TWINSPARK_TEST_SSHD at an sshd binary"
-    for tool in ("unshare", "nsenter", "ssh-keygen", "ip", "ssh"):
-        if shutil.which(tool) is None:
-            return f"{tool} is missing"
-    return None
-
-
 @pytest.fixture
 def worker_sshd(tmp_path):
     """(pid, directory): sshd on 127.0.0.1:PORT in a namespace of its own, with the guard's forced command."""
-    reason = _missing()
+    reason = sshd_namespace.missing(("unshare", "nsenter", "ssh-keygen", "ip", "ssh"))
     if reason:
         pytest.skip(reason)
-    _keygen(tmp_path / "host_key", "host")
     control = tmp_path / "peer-control"
     control.write_text(textwrap.dedent("""\
         #!/bin/sh
@@ -255,49 +243,9 @@ def worker_sshd(tmp_path):
         esac
         """))
     control.chmod(0o755)
-    host_key = " ".join((tmp_path / "host_key.pub").read_text().split()[:2])
-    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{PORT} {host_key}\n")
-    (tmp_path / "sshd_config").write_text(textwrap.dedent(f"""\
-        ListenAddress 127.0.0.1:{PORT}
-        HostKey {tmp_path / "host_key"}
-        AuthorizedKeysFile {tmp_path / "authorized_keys"}
-        PidFile none
-        StrictModes no
-        UsePAM no
-        PermitRootLogin prohibit-password
-        PasswordAuthentication no
-        KbdInteractiveAuthentication no
-        MaxStartups 100
-        """))
-    # sshd's privilege separation wants an `sshd` account: given in this mount namespace only, where it is missing.
-    passwd = tmp_path / "passwd"
-    passwd.write_text(Path("/etc/passwd").read_text() + "sshd:x:65534:65534::/run/sshd:/usr/sbin/nologin\n")
-    script = ("mount -t tmpfs -o mode=755 tmpfs /run && mkdir -m 755 /run/sshd && ip link set lo up && "
-              f"{{ getent passwd sshd >/dev/null || mount --bind {passwd} /etc/passwd; }} && "
-              f"exec {SSHD} -D -e -f {tmp_path / 'sshd_config'}")
-    process = subprocess.Popen(["unshare", "--net", "--mount", "--", "sh", "-c", script],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    ready = threading.Event()
-    log: list[str] = []
-
-    def follow() -> None:
-        for line in process.stderr:
-            log.append(line.rstrip())
-            if "Server listening on 127.0.0.1" in line:
-                ready.set()
-
-    threading.Thread(target=follow, daemon=True).start()
-    try:
-        if not ready.wait(20):
-            pytest.fail(f"sshd did not listen within 20 s (exit {process.poll()}): {log[-5:]}")
-        yield process.pid, tmp_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    with sshd_namespace.running(tmp_path, tmp_path / "authorized_keys", "MaxStartups 100\n") as pid:
+        (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{PORT} {sshd_namespace.host_key_line(tmp_path)}\n")
+        yield pid, tmp_path
 
 
 def _ssh(pid: int, directory: Path, key: Path) -> subprocess.CompletedProcess:
