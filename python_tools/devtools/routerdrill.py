@@ -130,7 +130,7 @@ class Drill:
         self.keycheck = routerlaunch.keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY, ADMIN_KEY])
         threading.Thread(target=self.keycheck.serve_forever, daemon=True).start()
         self.front = routerlaunch.front_server(f"127.0.0.1:{self.router_port}", f"127.0.0.1:{self.upstream_port}",
-                                               [KEY], [ADMIN_KEY], upstream_timeout_s=150)
+                                               [KEY], [ADMIN_KEY], upstream_timeout_s=150, upstream_retry_s=30)
         threading.Thread(target=self.front.serve_forever, daemon=True).start()
         for name in self.ports:
             self.start_backend(name)

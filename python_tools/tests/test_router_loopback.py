@@ -101,6 +101,18 @@ def test_a_drained_pair_loses_no_request_and_comes_back(drill):
     assert figures["victim_served_after_back"] > 0
 
 
+@pytest.mark.slow(8)
+def test_a_router_restart_behind_the_front_loses_no_request():
+    """What `twinspark rotate api-key` costs a fleet's clients: vllm-router restarted (SIGTERM lets requests in flight
+    finish) under a client loop through the front, which tries a refused connect again for --upstream-retry-s. Before
+    the front retried, every request sent while no router listened (2.4-2.8 s) failed (docs/FLEET.md)."""
+    with routerdrill.Drill(PYTHON, delay_s=0.02) as running:
+        figures = running.run_restart(total=150, concurrency=2, restart_at=30)
+    print("restart drill:", figures)
+    assert figures["failed"] == 0
+    assert figures["no_router_s"] > 0  # the router really was gone for a while
+
+
 @pytest.mark.parametrize("worker_key", [False, True])
 def test_tokenize_through_the_router_reaches_the_pair_with_the_key_only_with_a_worker_key_file(tmp_path, worker_key):
     """/tokenize is proxied by the router without the client's headers: the pair gets the router's own api_key.

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -201,3 +203,82 @@ def test_a_router_that_does_not_answer_is_a_502(front):
     upstream.server.server_close()
     status, data = _ask(port, "GET", "/v1/models", CLIENT)
     assert status == 502 and CLIENT.encode() not in data
+
+
+# ------------------------------------------------------------- rotation: key files read again, the router restarting
+NEW = "client-test-only-new-key"
+
+
+def _serve(server) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_front_and_the_key_check_take_a_rotated_client_key_without_a_restart(tmp_path, capsys):
+    upstream = Upstream()
+    client_file, admin_file = tmp_path / "router.key", tmp_path / "admin.key"
+    client_file.write_text(f"{CLIENT}\n")
+    admin_file.write_text(f"{ADMIN}\n")
+    clients = routerlaunch.KeyFiles([client_file], recheck_s=0)
+    front = routerlaunch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", clients,
+                                      routerlaunch.KeyFiles([admin_file], recheck_s=0), upstream_timeout_s=10)
+    check = routerlaunch.keycheck_server("127.0.0.1:0", routerlaunch.KeyFiles([client_file, admin_file], recheck_s=0))
+    for server in (upstream.server, front, check):
+        _serve(server)
+    port, check_port = front.server_address[1], check.server_address[1]
+    try:
+        assert (_ask(port, "GET", "/v1/models", CLIENT)[0], _ask(port, "GET", "/v1/models", NEW)[0]) == (200, 401)
+        staged = tmp_path / "staged"
+        staged.write_text(f"{NEW}\n{CLIENT}\n")
+        staged.replace(client_file)  # both, as the rotation's add writes them
+        assert (_ask(port, "GET", "/v1/models", CLIENT)[0], _ask(port, "GET", "/v1/models", NEW)[0]) == (200, 200)
+        assert _ask(check_port, "GET", "/", NEW)[0] == 200
+        client_file.write_text(f"{NEW}\n")  # the drop, written in place this time
+        assert (_ask(port, "GET", "/v1/models", CLIENT)[0], _ask(port, "GET", "/v1/models", NEW)[0]) == (401, 200)
+        assert _ask(check_port, "GET", "/", CLIENT)[0] == 401
+        assert _ask(port, "GET", "/add_worker?url=x", NEW)[0] == 403  # a rotated client key is still no admin key
+        client_file.write_text("")  # emptied by mistake: the last good keys stay, said once
+        assert _ask(port, "GET", "/v1/models", NEW)[0] == 200
+        assert capsys.readouterr().err.count("keeping the keys read before") == 1
+    finally:
+        for server in (front, check, upstream.server):
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize(("retry_s", "status"), [(10.0, 200), (0.0, 502)])
+def test_a_router_that_is_restarting_costs_a_wait_not_a_failure(retry_s, status):
+    """A refused connect (nothing listens while the router restarts) is tried again for upstream_retry_s; without a
+    retry it is a 502 at once. Nothing reached the router before it answered: the request is sent once."""
+    with socket.socket() as placeholder:  # a port nobody listens on yet
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    front = routerlaunch.front_server("127.0.0.1:0", f"127.0.0.1:{port}", [CLIENT], [ADMIN], upstream_timeout_s=10,
+                                      upstream_retry_s=retry_s)
+    _serve(front)
+    upstream_box: list[Upstream] = []
+
+    def start_upstream_late() -> None:
+        time.sleep(1.0)
+        upstream = Upstream()
+        upstream.server.server_close()
+        upstream.server = ThreadingHTTPServer(("127.0.0.1", port), upstream.server.RequestHandlerClass)
+        upstream.server.daemon_threads = True
+        upstream_box.append(upstream)
+        _serve(upstream.server)
+
+    late = threading.Thread(target=start_upstream_late, daemon=True)
+    late.start()
+    try:
+        got, _ = _ask(front.server_address[1], "POST", "/v1/completions", CLIENT, body=b'{"prompt": "hi"}')
+        assert got == status
+        late.join(timeout=10)
+        if status == 200:
+            assert [seen["body"] for seen in upstream_box[0].seen] == [b'{"prompt": "hi"}']
+    finally:
+        front.shutdown()
+        front.server_close()
+        for upstream in upstream_box:
+            upstream.server.shutdown()
+            upstream.server.server_close()

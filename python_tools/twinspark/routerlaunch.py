@@ -28,7 +28,10 @@ venv; it imports nothing from twinspark):
 
 The router caches each token's answer for its lifetime, good and bad alike, so a key change needs a router
 restart (the role restarts it when the key file changes) and the keycheck service must be up before the router
-takes traffic (the role orders the units).
+takes traffic (the role orders the units). The front and the key check read their key files again when they change
+(`KeyFiles`), and the front tries a refused connect to the router again for --upstream-retry-s (30 s), so
+`twinspark rotate api-key` changes the clients' key with only vllm-router itself restarted, and no client request
+refused meanwhile (docs/ROTATION.md).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ import argparse
 import hmac
 import http.client
 import json
+import os
 import posixpath
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,6 +76,54 @@ def read_keys(path: Path) -> list[str]:
     if not keys:
         raise ValueError(f"{path}: holds no key; write the router's API key on a line of its own")
     return keys
+
+
+class KeyFiles:
+    """Keys from files, read again when one of them changes (looked at, by inode, size and modification time, at
+    most once every `recheck_s`): the front and the key check take a rotated key with no restart (`twinspark rotate
+    api-key`, docs/ROTATION.md). A file that cannot be read, or holds no key, keeps the last good set and says so once
+    on stderr; at start it is refused (`read_keys`)."""
+
+    def __init__(self, paths: list[Path], recheck_s: float = 1.0) -> None:
+        self.paths = list(paths)
+        self.recheck_s = recheck_s
+        self._lock = threading.Lock()
+        self._stamp = self._stamps()
+        self._keys = [key for path in self.paths for key in read_keys(path)]
+        self._checked = time.monotonic()
+        self._complained = False
+
+    def _stamps(self) -> tuple:
+        stamps = []
+        for path in self.paths:
+            info = os.stat(path)
+            stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
+        return tuple(stamps)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked >= self.recheck_s:
+                self._checked = now
+                try:
+                    stamp = self._stamps()
+                    if stamp != self._stamp:
+                        self._keys = [key for path in self.paths for key in read_keys(path)]
+                        self._stamp = stamp
+                        self._complained = False
+                except (OSError, ValueError) as error:
+                    if not self._complained:
+                        print(f"routerlaunch: keeping the keys read before: {error}", file=sys.stderr, flush=True)
+                        self._complained = True
+            return self._keys
+
+
+Keys = list | KeyFiles
+
+
+def current_keys(keys: Keys) -> list[str]:
+    """A fixed list as it is; key files as they read now."""
+    return keys.keys() if isinstance(keys, KeyFiles) else keys
 
 
 def key_allowed(authorization: str | None, keys: list[str]) -> bool:
@@ -150,7 +203,7 @@ def error_body(verdict: Verdict) -> bytes:
     return (json.dumps({"error": {"message": verdict.error, "code": verdict.status}}) + "\n").encode()
 
 
-def keycheck_server(listen: str, keys: list[str]) -> ThreadingHTTPServer:
+def keycheck_server(listen: str, keys: Keys) -> ThreadingHTTPServer:
     """A server answering 200 for a known key and 401 otherwise, on any GET path; not started."""
     host, _, port = listen.rpartition(":")
 
@@ -159,7 +212,7 @@ def keycheck_server(listen: str, keys: list[str]) -> ThreadingHTTPServer:
             pass
 
         def do_GET(self) -> None:
-            status = 200 if key_allowed(self.headers.get("Authorization"), keys) else 401
+            status = 200 if key_allowed(self.headers.get("Authorization"), current_keys(keys)) else 401
             self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -174,14 +227,17 @@ def _split_listen(listen: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
-def front_server(listen: str, upstream: str, client_keys: list[str], admin_keys: list[str],
+def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, client_timeout_s: float = 120.0,
-                 upstream_timeout_s: float = 900.0) -> ThreadingHTTPServer:
+                 upstream_timeout_s: float = 900.0, upstream_retry_s: float = 0.0) -> ThreadingHTTPServer:
     """The front, not started: refuses or forwards each request (`decide`) to the router at `upstream`
     (host:port), one connection per request, and streams the answer back as it comes (SSE included).
 
     `client_timeout_s` bounds each read from and write to a client; `upstream_timeout_s` the connect to the router
-    and each wait for its next bytes (a long generation that sends nothing until it ends, without streaming)."""
+    and each wait for its next bytes (a long generation that sends nothing until it ends, without streaming).
+    `upstream_retry_s`: for this long a refused connect to the router is tried again (every 0.2 s) before the client
+    gets 502, so a restart of the router (SIGTERM lets its requests in flight finish; the new one answers seconds
+    later) costs clients a wait, not a failure. Nothing has reached the router when its connect is refused."""
     up_host, up_port = _split_listen(upstream)
 
     class Handler(BaseHTTPRequestHandler):
@@ -215,7 +271,8 @@ def front_server(listen: str, upstream: str, client_keys: list[str], admin_keys:
 
         def _relay(self) -> None:
             self.close_connection = True
-            verdict = decide(self.headers.get("Authorization"), self.path, client_keys, admin_keys)
+            verdict = decide(self.headers.get("Authorization"), self.path, current_keys(client_keys),
+                             current_keys(admin_keys))
             if verdict.status:
                 self._refuse(verdict)
                 return
@@ -223,7 +280,22 @@ def front_server(listen: str, upstream: str, client_keys: list[str], admin_keys:
             if isinstance(body, Verdict):
                 self._refuse(body)
                 return
-            upstream_conn = http.client.HTTPConnection(up_host, up_port, timeout=upstream_timeout_s)
+            deadline = time.monotonic() + upstream_retry_s
+            while True:
+                upstream_conn = http.client.HTTPConnection(up_host, up_port, timeout=upstream_timeout_s)
+                try:
+                    upstream_conn.connect()
+                    break
+                except ConnectionRefusedError:
+                    upstream_conn.close()
+                    if time.monotonic() >= deadline:
+                        self._refuse(Verdict(502, "the router behind the front did not answer"))
+                        return
+                    time.sleep(0.2)
+                except OSError:
+                    upstream_conn.close()
+                    self._refuse(Verdict(502, "the router behind the front did not answer"))
+                    return
             try:
                 try:
                     upstream_conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
@@ -316,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     front.add_argument("--admin-key-file", type=Path, required=True)
     front.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     front.add_argument("--upstream-timeout-s", type=float, default=900.0)
+    front.add_argument("--upstream-retry-s", type=float, default=30.0,
+                       help="how long a refused connect to the router (restarting) is tried again before a 502")
     serve = sub.add_parser("serve", help="run vllm-router with client keys required; router flags after --")
     serve.add_argument("--key-check-url", action="append", default=[])
     serve.add_argument("--worker-key-file", type=Path,
@@ -325,14 +399,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if opts.command in ("keycheck", "front"):
             if opts.command == "keycheck":
-                server = keycheck_server(opts.listen, [key for path in opts.key_file for key in read_keys(path)])
+                server = keycheck_server(opts.listen, KeyFiles(opts.key_file))
             else:
                 client_keys, admin_keys = read_keys(opts.client_key_file), read_keys(opts.admin_key_file)
                 if set(client_keys) & set(admin_keys):
                     raise ValueError(f"{opts.admin_key_file}: holds a client key too; the admin key must be a "
                                      "secret of its own")
-                server = front_server(opts.listen, opts.upstream, client_keys, admin_keys, opts.max_body_bytes,
-                                      upstream_timeout_s=opts.upstream_timeout_s)
+                server = front_server(opts.listen, opts.upstream, KeyFiles([opts.client_key_file]),
+                                      KeyFiles([opts.admin_key_file]), opts.max_body_bytes,
+                                      upstream_timeout_s=opts.upstream_timeout_s,
+                                      upstream_retry_s=opts.upstream_retry_s)
             thread = threading.Thread(target=server.serve_forever, daemon=True)
             thread.start()
             thread.join()
