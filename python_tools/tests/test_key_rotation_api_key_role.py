@@ -111,3 +111,23 @@ def test_a_head_whose_vllm_cannot_reread_keys_is_refused_before_anything_is_writ
     assert "the running vLLM was started before it could take keys without a restart" in " ".join(out.split())
     assert not (tmp_path / "asked.jsonl").exists() and not (tmp_path / "etc" / "elsewhere.sha256").exists()
     assert (tmp_path / "etc" / "secrets.env").read_text() == f"VLLM_API_KEY={OLD}\n"
+
+
+def test_on_a_fleet_the_pairs_add_before_the_router_and_the_router_drops_before_the_pairs():
+    """playbooks/rotate.yml's order for the API key where a router fronts the pairs: a client that moved to the new key
+    must be taken everywhere before any old-key client is refused anywhere."""
+    import yaml
+
+    plays = yaml.safe_load((ROOT / "playbooks" / "rotate.yml").read_text())
+    steps = []
+    for play in plays:
+        for task in play.get("tasks", []):
+            role = task.get("ansible.builtin.include_role", {})
+            if role.get("tasks_from") in ("api_key", "rotate_api_key"):
+                phase = task.get("vars", {}).get("key_rotation_api_phase") or task.get("vars", {}).get(
+                    "router_rotate_phase") or "as asked"
+                steps.append((role["name"], phase))
+    assert steps == [("key_rotation", "{{ 'add' if key_rotation_routed | bool else key_rotation_phase }}"),
+                     ("router", "add"), ("router", "drop"), ("key_rotation", "drop")]
+    pause = [t for p in plays for t in p.get("tasks", []) if "ansible.builtin.pause" in t]
+    assert len(pause) == 1 and "key_rotation_grace_s" in pause[0]["ansible.builtin.pause"]["seconds"]
