@@ -183,7 +183,8 @@ class Drill:
         _, text = routerclient.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
         return routerclient.processed(text, self.url(name))
 
-    def run_restart(self, total: int = 300, concurrency: int = 2, restart_at: int = 60) -> dict:
+    def run_restart(self, total: int = 300, concurrency: int = 2, restart_at: int = 60,
+                    client_timeout_s: float = 10) -> dict:
         """The router itself restarted (what a key or pair-list change costs) under a client loop; its figures."""
         done = {"n": 0}
         lock = threading.Lock()
@@ -200,7 +201,7 @@ class Drill:
             if n == restart_at:
                 threading.Thread(target=restart).start()
 
-        outcomes = routerclient.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=10)
+        outcomes = routerclient.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=client_timeout_s)
         _wait(lambda: "restart_s" in took, 60, "router restarted")
         figures = routerclient.summarise(outcomes)
         # a refused connection fails at once, so a fast loop's failed count says little: the window is the figure

@@ -88,8 +88,11 @@ class KeyFiles:
         self.paths = list(paths)
         self.recheck_s = recheck_s
         self._lock = threading.Lock()
-        self._stamp = self._stamps()
         self._keys = [key for path in self.paths for key in read_keys(path)]
+        try:
+            self._stamp: tuple | None = self._stamps()
+        except OSError:  # gone since it was read: the next look reads it again
+            self._stamp = None
         self._checked = time.monotonic()
         self._complained = False
 
