@@ -166,8 +166,10 @@ def test_the_front_listens_where_clients_connect_and_forwards_to_the_router_on_l
     assert argv[argv.index("--client-key-file") + 1] == "/etc/twinspark-router/router.key"
     assert argv[argv.index("--admin-key-file") + 1] == "/etc/twinspark-router/admin.key"
     assert "User=twinspark-router-front" in unit and "Group=twinspark-router" in unit
-    # it stops and restarts with the router, and never runs without the firewall
-    assert "BindsTo=twinspark-router.service" in unit and "PartOf=twinspark-router.service" in unit
+    # started with the router but not bound to it (a restart of the router alone leaves it listening, holding
+    # requests), and never running without the firewall
+    assert "BindsTo=twinspark-router.service" not in unit and "PartOf=twinspark-router.service" not in unit
+    assert "Upholds=twinspark-router-front.service" in render("twinspark-router.service")
     assert "BindsTo=twinspark-router-firewall.service" in unit
     assert "twinspark-router-firewall" not in render("twinspark-router-front.service", router_firewall_enabled=False)
 
