@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from twinspark.wheelhouse import normalise_name, wheel_name_version
+from twinspark.wheelhouse import differing, normalise_name, wheel_name_version
 
 LOCK_DIR = "roles/vllm_runtime/files/locks"
 LOCK_COMMAND = "scripts/lock-runtime"
@@ -162,12 +162,11 @@ def hash_mismatches(wheels: Iterable[LockedWheel], found: Mapping[str, str], whe
     """One line per locked wheel that is missing from the wheelhouse or differs from its lock (both hashes)."""
     fetch = f"pip download --require-hashes --only-binary :all: --no-deps -r {lock} -d {wheelhouse}"
     result = []
-    for wheel in wheels:
-        actual = found.get(wheel.file)
+    for file, locked, actual in differing(((wheel.file, wheel.sha256) for wheel in wheels), found):
         if actual is None:
-            result.append(f"{wheelhouse}/{wheel.file}: missing (locked in {lock}); fetch the locked set with `{fetch}`")
-        elif actual != wheel.sha256:
-            result.append(f"{wheelhouse}/{wheel.file}: sha256 is {actual}, {lock} locks {wheel.sha256}; replace it "
+            result.append(f"{wheelhouse}/{file}: missing (locked in {lock}); fetch the locked set with `{fetch}`")
+        else:
+            result.append(f"{wheelhouse}/{file}: sha256 is {actual}, {lock} locks {locked}; replace it "
                           f"with the locked wheel (`{fetch}`)")
     return result
 

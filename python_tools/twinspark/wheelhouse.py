@@ -101,15 +101,24 @@ def requirements(wheels: Iterable[Mapping[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def differing(pins: Iterable[tuple[str, str]], found: Mapping[str, str | None]) -> list[tuple[str, str, str | None]]:
+    """(file, pinned sha256, found sha256 or None when missing) for each pinned wheel the wheelhouse does not hold as
+    pinned; `found` maps file -> sha256. The one rule the fork's pins and the stock runtime's locks are checked by."""
+    result = []
+    for file, pinned in pins:
+        actual = found.get(file)
+        if actual is None or actual.lower() != pinned.lower():
+            result.append((file, pinned, actual.lower() if actual else None))
+    return result
+
+
 def hash_mismatches(wheels: Iterable[Mapping[str, str]], found: Mapping[str, str | None], wheelhouse: str) -> list[str]:
     """One line per wheel whose file is missing or whose sha256 is not the pinned one; `found` maps file -> sha256."""
     result = []
-    for entry in wheels:
-        file, pinned = entry["file"], entry["sha256"]
-        actual = found.get(file)
+    for file, pinned, actual in differing(((entry["file"], entry["sha256"]) for entry in wheels), found):
         if actual is None:
             result.append(f"{wheelhouse}/{file}: missing; copy the fork's wheel there, or take it out of {VARIABLE}")
-        elif actual.lower() != pinned.lower():
-            result.append(f"{wheelhouse}/{file}: sha256 is {actual.lower()}, {VARIABLE} pins {pinned}; the wheel "
+        else:
+            result.append(f"{wheelhouse}/{file}: sha256 is {actual}, {VARIABLE} pins {pinned}; the wheel "
                           "changed since it was pinned: rebuild or recopy it, or pin the new hash on purpose")
     return result
