@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -76,6 +76,12 @@ demo: setup
 # every playbook run against the pair does.
 sim-test: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 molecule test --scenario-name default
+
+# Every scripted fault on a converged simulated pair (make demo first): CI's share (molecule/default/faults.yml, the
+# sim-test side effect), then what CI's 60-minute budget leaves out: a killed and a rebooted worker, a frozen worker
+# and a busy pair, TLS on, rotated and off again (molecule/default/faults_full.yml). About 35 minutes on 2 cores.
+sim-faults: setup
+	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 ansible-playbook -i inventory/sim molecule/default/faults_full.yml
 
 # A pair converged by the previous release (scripts/sim/previous-release) moves to this tree with one site.yml run,
 # changes nothing on the second and serves: fresh nodes, about 15 minutes. Not part of sim-test (CI's time budget).
