@@ -21,7 +21,7 @@ from twinspark.pair import lifecycle as pl
 CONTRACT = {"twinspark_guard_restarts", "twinspark_guard_attempts_left", "twinspark_guard_paused",
             "twinspark_guard_paused_seconds", "twinspark_guard_given_up",
             "twinspark_guard_last_decision_timestamp_seconds", "twinspark_guard_decision", "twinspark_guard_fabric_up",
-            "twinspark_guard_serving"}
+            "twinspark_guard_serving", "twinspark_guard_pause_info"}
 POLICY = Policy(max_attempts=3)
 
 
@@ -161,6 +161,12 @@ def test_a_paused_run_says_how_long_and_leaves_out_what_it_did_not_look_at(tmp_p
     assert value(seen, "twinspark_guard_restarts_total") == 7
     assert value(seen, "twinspark_guard_last_decision_timestamp_seconds") == 1000.0
     assert value(seen, "twinspark_guard_serving") is None and value(seen, "twinspark_guard_fabric_up") is None
+    assert value(seen, "twinspark_guard_pause_info", by="root", reason="maintenance") == 1
+
+
+def test_a_watching_guard_writes_no_pause_info():
+    text = textfile.exposition(textfile.reading(GuardState(), POLICY, "ok", paused_by="root", pause_reason="x"))
+    assert b"pause_info" not in text
 
 
 def test_a_marker_written_by_hand_is_timed_from_its_mtime(tmp_path):

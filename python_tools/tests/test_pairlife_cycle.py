@@ -189,11 +189,44 @@ def test_pause_then_resume_through_the_cli(on_head, capsys):
     assert "pair guard resumed (was paused by " in capsys.readouterr().err
 
 
-def test_start_notes_that_the_guard_is_still_paused(on_head, capsys):
+def test_pair_stop_then_pair_start_by_hand_leaves_the_guard_watching(on_head, capsys):
+    """Issue 42: `pair stop` then `pair start` on the head left the guard paused while the pair served."""
+    assert cli.main(["pair", "stop", *on_head["args"]]) == 0
+    assert pl.read_pause(on_head["pause"]) is not None
+    assert cli.main(["pair", "start", *on_head["args"], "--json"]) == 0
+    assert pl.read_pause(on_head["pause"]) is None
+    captured = capsys.readouterr()
+    assert "pair guard resumed by twinspark pair start (was paused by " in captured.err
+    assert json.loads(captured.out[captured.out.index("{"):])["guard"].startswith("resumed by twinspark pair start")
+
+
+@pytest.mark.parametrize("argv", [["start"], ["restart"], ["restart", "--no-wait"]])
+def test_every_start_ends_an_operators_pause(on_head, capsys, argv):
     pl.write_pause(on_head["pause"], "stopped by playbooks/stop.yml", "ops")
-    assert cli.main(["pair", "start", *on_head["args"]]) == 0
-    assert "the pair guard is paused by ops" in capsys.readouterr().err
-    assert pl.read_pause(on_head["pause"]) is not None  # only `resume` ends a pause
+    assert cli.main(["pair", *argv, *on_head["args"]]) == 0
+    assert pl.read_pause(on_head["pause"]) is None
+    assert "(was paused by ops since " in capsys.readouterr().err
+
+
+def test_a_playbooks_pause_for_its_own_run_outlives_the_restart_inside_that_run(on_head, capsys):
+    pl.write_pause(on_head["pause"], "ordered pair restart by a playbook", "ansible", expires_in_s=600)
+    assert cli.main(["pair", "restart", *on_head["args"], "--no-wait"]) == 0
+    assert pl.read_pause(on_head["pause"]) is not None
+    assert "the run that took the pause ends it" in capsys.readouterr().err
+
+
+def test_an_expired_run_pause_is_ended_by_a_start(on_head):
+    pl.write_pause(on_head["pause"], "ordered pair restart by a playbook", "ansible", expires_in_s=600)
+    pause = pl.read_pause(on_head["pause"])
+    assert not pl.start_ends_pause(pause, pause.since + 599)
+    assert pl.start_ends_pause(pause, pause.since + 600)
+
+
+def test_a_start_that_cannot_take_the_lock_leaves_the_pause_alone(on_head):
+    pl.write_pause(on_head["pause"], "stopped by playbooks/stop.yml", "ops")
+    with pl.lifecycle_lock(on_head["lock"], "someone else's stop", 0):
+        assert cli.main(["pair", "start", *on_head["args"], "--lock-timeout", "0.2"]) == 1
+    assert pl.read_pause(on_head["pause"]) is not None
 
 
 def test_a_paused_guard_drains_its_kicks_and_does_not_look(on_head, monkeypatch, capsys):

@@ -12,6 +12,7 @@ not ok always says what to do (`fix`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -416,6 +417,26 @@ def check_monitoring(node: str, monitoring: Mapping[str, object]) -> CheckResult
     return ok(node, "monitoring", f"{running} running; {where}")
 
 
+GUARD_RESUME_FIX = ("when the pair should be watched again: `twinspark pair resume` on the head, or start the pair "
+                    "(`twinspark pair start`, playbooks/start.yml), which ends the pause")
+
+
+def check_guard(node: str, guard: Mapping[str, object]) -> CheckResult:
+    """The pair guard on the head: watching, or paused (by whom, since when, why). `guard`: gather.read_guard's."""
+    if guard.get("error"):
+        return unknown(node, "guard", str(guard["error"]), "see journalctl -u twinspark-pair-guard -n 40")
+    age = float(guard.get("age_s") or 0.0)
+    if guard.get("paused"):
+        since = guard.get("since")
+        when = ("an unknown time" if not isinstance(since, int | float) else
+                time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since)))
+        return degraded(node, "guard", f"the pair guard is paused by {guard.get('by') or '?'} since {when}: "
+                                       f"{guard.get('reason') or '?'} (a rank that dies now stays down)",
+                        GUARD_RESUME_FIX)
+    return ok(node, "guard", f"the pair guard watches the pair (its last run {age:.0f} s ago: "
+                             f"{guard.get('decision') or 'no decision recorded'})")
+
+
 def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
     """Every per-node check over one node's gathered facts (the `facts` of gather.gather_node)."""
     unit = facts.get("unit") or {}
@@ -436,6 +457,8 @@ def node_checks(node: str, facts: Mapping[str, object]) -> list[CheckResult]:
         results.append(check_knobs(node, facts["runtime"]))
     if facts.get("monitoring") is not None:  # no record: the node runs no monitoring (off, or not deployed yet)
         results.append(check_monitoring(node, facts["monitoring"]))
+    if facts.get("guard") is not None:  # the head, where the pair guard writes its textfile
+        results.append(check_guard(node, facts["guard"]))
     return results
 
 

@@ -347,6 +347,49 @@ def is_head(env: Mapping[str, str]) -> bool:
     return str(env.get("NODE_RANK", "0")).strip() in ("0", "")
 
 
+def read_guard(marker: str | None = None, path: str | None = None, now: float | None = None
+               ) -> dict[str, object] | None:
+    """The pair guard on the head: whether it is paused, by whom, since when and why, its last decision and how old
+    that is. The pause marker (`marker`, in the root-only control directory) is read where it can be looked at (the
+    controller's sweep runs as root); the health timer's account cannot, so there the guard's textfile
+    (pair/textfile.py, `path`), which every guard run rewrites, says it. None where neither exists (no guard)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from twinspark.pair import lifecycle, textfile
+
+    marker = marker or layout.current().guard_pause
+    path = path or textfile.default_path()
+    now = time.time() if now is None else now
+    facts: dict[str, object] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1 << 20)
+            written = os.fstat(handle.fileno()).st_mtime
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except FileNotFoundError:
+        samples, written = None, now
+    except (OSError, ValueError) as exc:
+        return {"error": f"cannot read the pair guard's textfile {path} ({getattr(exc, 'strerror', None) or exc})"}
+    if samples is not None:
+        values = {s.name: s.value for s in samples if not s.labels}
+        info = next((s.labels for s in samples if s.name == "twinspark_guard_pause_info"), {})
+        paused_s = values.get("twinspark_guard_paused_seconds") or 0.0
+        facts = {"paused": values.get("twinspark_guard_paused") == 1, "by": info.get("by", "?"),
+                 "reason": info.get("reason", "?"), "since": written - paused_s, "age_s": max(0.0, now - written),
+                 "decision": next((s.labels.get("decision") for s in samples
+                                   if s.name == "twinspark_guard_decision" and s.value == 1), None)}
+    try:
+        os.lstat(marker)
+    except FileNotFoundError:
+        return {**facts, "paused": False} if facts else None  # no textfile and no pause: no guard to speak of
+    except OSError:
+        return facts or None  # the control directory is root's: the textfile is all this account can know
+    pause = lifecycle.read_pause(marker)
+    if pause is None:
+        return {**facts, "paused": False}
+    return {**facts, "paused": True, "by": pause.by, "reason": pause.reason, "since": pause.since}
+
+
 def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Run = run_command,
                 state_dir: Path = STATE_DIR) -> dict[str, object]:
     """Every per-node fact, plus what the cross-node checks compare (settings, runtime, model).
@@ -374,6 +417,8 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         "monitoring": read_monitoring(run),
         "runtime": {**read_runtime(), "flavour": flavour_of(env), "unread_knobs": read_unread_knobs(env)},
     }
+    if is_head(env):
+        facts["guard"] = read_guard()
     if profile == "gb10":
         try:
             facts["gpu"] = read_gpu()

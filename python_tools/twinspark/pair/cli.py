@@ -86,9 +86,9 @@ def cmd_guard(args: argparse.Namespace) -> int:
         pause = None
     if pause is not None:
         log(6 if kicks.woken else 7, f"pair guard {lifecycle.pause_line(pause, time.time())}; not looking "
-            f"(`twinspark pair resume`, playbooks/start.yml or restart.yml end the pause)")
+            f"(`twinspark pair resume`, `twinspark pair start|restart` or playbooks/start.yml end the pause)")
         guard.report(args, guard.peek_state(Path(args.state_file)), _policy_from_args(args), "paused",
-                     paused_for_s=textfile.paused_seconds(pause.since, args.pause_file, time.time()))
+                     paused_for_s=textfile.paused_seconds(pause.since, args.pause_file, time.time()), pause=pause)
         return 0
     pair = _pair_or_none(args, "pair guard")
     if pair is None:
@@ -156,6 +156,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     except lifecycle.LockError as exc:
         log(3, str(exc))
         return 2
+    lifecycle.guard_after_start(args.pause_file, "twinspark pair restart")
     return 0 if ok else 1
 
 

@@ -194,10 +194,12 @@ def firewall_missing(say: Callable[[int, str], None], state_path: str | None = N
 
 
 def report(args: argparse.Namespace, state: GuardState, policy: Policy, decision: str, serving: bool | None = None,
-           fabric_up: bool | None = None, paused_for_s: float | None = None) -> None:
+           fabric_up: bool | None = None, paused_for_s: float | None = None,
+           pause: lifecycle.Pause | None = None) -> None:
     """Write the guard's textfile (`--textfile`, pair/textfile.py) from the state it keeps and what this run saw."""
     if getattr(args, "textfile", None):
-        textfile.write(args.textfile, textfile.reading(state, policy, decision, serving, fabric_up, paused_for_s), log)
+        textfile.write(args.textfile, textfile.reading(state, policy, decision, serving, fabric_up, paused_for_s,
+                                                       pause.by if pause else "", pause.reason if pause else ""), log)
 
 
 def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.KickInbox, trigger: str,

@@ -468,6 +468,37 @@ def remove_pause(path: str) -> Pause | None:
     return pause
 
 
+def start_ends_pause(pause: Pause, now: float) -> bool:
+    """The one rule for when a pause ends: starting the pair (a playbook, `twinspark pair start|restart` by hand,
+    the front door) ends the guard's pause, whoever took it (a stop, `pair pause`): a pair that serves is the guard's
+    to watch. Only a playbook's pause for its own run, which carries an end time, outlives a start made inside that
+    run; the playbook ends it when the run ends, or it ends by itself at that time."""
+    return pause.expires is None or pause_expired(pause, now)
+
+
+def guard_after_start(path: str, what: str) -> str | None:
+    """After `what` (a start or restart that held the lifecycle lock, whatever its outcome) ran: end the guard's
+    pause when `start_ends_pause` says so. The line said about the guard, or None when it was not paused."""
+    pause = read_pause(path)
+    if pause is None:
+        return None
+    now = time.time()
+    if not start_ends_pause(pause, now):
+        line = pause_line(pause, now)
+        log(5, f"note: the pair guard is {line}; the run that took the pause ends it")
+        return line
+    try:
+        remove_pause(path)
+    except OSError as exc:
+        line = pause_line(pause, now)
+        log(4, f"note: the pair guard is still {line}: {what} could not end the pause ({exc.strerror or exc}); "
+               "`twinspark pair resume` as root on the head")
+        return line
+    line = f"resumed by {what} (was {pause_line(pause, now)})"
+    log(5, f"pair guard {line}")
+    return line
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Running the steps on the pair: preflight, the ordered steps, put-back, the wait until it serves
 # ---------------------------------------------------------------------------------------------------------------
@@ -662,8 +693,10 @@ def run_verb(args: argparse.Namespace, pair: Pair, verb: str) -> int:
         if code == 2:
             return code
     result: dict[str, object] = {"verb": verb, "ok": False}
+    ran = False
     try:
         with lifecycle_lock(args.lock_file, what, args.lock_timeout):
+            ran = True
             if verb == "start":
                 head_state = pair.head_props().get("ActiveState") or "unknown"
                 worker_state = pair.worker("state")
@@ -701,11 +734,14 @@ def run_verb(args: argparse.Namespace, pair: Pair, verb: str) -> int:
         return 2
     except (subprocess.SubprocessError, RuntimeError) as exc:
         result["error"] = f"{what}: {exc}"
-    if verb != "stop":
+    if verb != "stop" and ran:
+        said = guard_after_start(args.pause_file, what)
+        if said is not None:
+            result["guard"] = said
+    elif verb != "stop":
         pause = read_pause(args.pause_file)
         if pause is not None:
             result["guard"] = pause_line(pause, time.time())
-            log(5, f"note: the pair guard is {result['guard']}; `twinspark pair resume` once it should watch again")
     if args.json:
         print(json.dumps(result, indent=1))
     if result.get("error"):

@@ -12,6 +12,8 @@ serving and fabric figures, which it did not see.
   twinspark_guard_attempts_left                   failed restarts left before the guard gives up (0 once it has)
   twinspark_guard_given_up                        1 while the guard has given up
   twinspark_guard_paused, _paused_seconds         1 while paused; how long the pause has lasted (0 when not)
+  twinspark_guard_pause_info{by, reason}          1 while paused: who paused the guard and why (the marker is
+                                                  root's; `twinspark health` reads them here)
   twinspark_guard_last_decision_timestamp_seconds when the guard last decided (a paused run decides nothing)
   twinspark_guard_decision{decision}              1 for this run's kind of decision (DECISIONS), 0 for the others
   twinspark_guard_fabric_up                       the guard's fabric look: 1 up (or a token came back), 0 down
@@ -32,6 +34,8 @@ from twinspark import atomic, layout
 from twinspark.guard_rules import Action, Generation, GuardState, Observation, Policy, Verdict
 
 FILE_NAME = "guard.prom"
+# The pause's `by` and `reason` are label values: cut to this many characters.
+MAX_LABEL = 200
 
 # Every kind of decision a run can end in, each exported as its own series so a dashboard sees 0 as well as 1.
 DECISIONS = ("ok", "starting", "wait_worker", "suspect", "wait_fabric", "backoff", "restart", "hold", "gave_up",
@@ -59,6 +63,8 @@ class Reading:
     paused_for_s: float | None = None  # None: not paused
     serving: bool | None = None  # None: this run did not look at the pair
     fabric_up: bool | None = None
+    paused_by: str = ""  # who paused the guard (the pause marker's `by`), while paused
+    pause_reason: str = ""  # why, as the marker says
 
 
 def decision_kind(verdict: Verdict, action: Action) -> str:
@@ -71,7 +77,8 @@ def served(obs: Observation, verdict: Verdict) -> bool:
 
 
 def reading(state: GuardState, policy: Policy, decision: str, serving: bool | None = None,
-            fabric_up: bool | None = None, paused_for_s: float | None = None) -> Reading:
+            fabric_up: bool | None = None, paused_for_s: float | None = None, paused_by: str = "",
+            pause_reason: str = "") -> Reading:
     """The textfile's figures from the state the guard keeps, this run's decision and what it saw."""
     if decision not in DECISIONS:
         raise ValueError(f"unknown guard decision {decision!r} (known: {', '.join(DECISIONS)})")
@@ -80,7 +87,9 @@ def reading(state: GuardState, policy: Policy, decision: str, serving: bool | No
     return Reading(decision=decision, restarts=state.restarts,
                    attempts_left=0 if given_up else max(0, policy.max_attempts - state.failures_in_row),
                    given_up=given_up, decided_at=float(at) if isinstance(at, int | float) else None,
-                   paused_for_s=paused_for_s, serving=serving, fabric_up=fabric_up)
+                   paused_for_s=paused_for_s, serving=serving, fabric_up=fabric_up,
+                   paused_by=paused_by[:MAX_LABEL] if paused_for_s is not None else "",
+                   pause_reason=pause_reason[:MAX_LABEL] if paused_for_s is not None else "")
 
 
 def paused_seconds(since: float | None, marker: str, now: float) -> float:
@@ -110,6 +119,11 @@ def exposition(value: Reading) -> bytes:
         gauge("paused", "1 while the guard is paused", int(value.paused_for_s is not None)),
         gauge("paused_seconds", "How long the current pause has lasted (0 when not paused)", value.paused_for_s or 0.0),
     ]
+    if value.paused_for_s is not None:
+        info = GaugeMetricFamily("twinspark_guard_pause_info", "1 while paused: who paused the guard and why",
+                                 labels=["by", "reason"])
+        info.add_metric([value.paused_by or "?", value.pause_reason or "?"], 1)
+        families.append(info)
     if value.decided_at is not None:
         families.append(gauge("last_decision_timestamp_seconds", "When the guard last decided (Unix time)",
                               value.decided_at))
