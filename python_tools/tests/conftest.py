@@ -8,18 +8,37 @@ Handing out the longest files first lets the workers finish together.
 venv, a real sshd or router, network namespaces), with about how many seconds it took on the 2-core development
 machine; a file's weight is the sum over its tests. The figures only order the files: nothing is timed or compared
 with them. `make test` runs every test; `pytest -m "not slow"` leaves the marked ones out for a quick round.
+
+A test that runs ansible-playbook or builds a venv is slow whatever it says: it asks for the fixture
+`ansible_playbook` (the venv's binary) or `vllm_python` (the vLLM parser venv's python), and either makes it slow here
+(SLOW_FIXTURES). An unmarked test that starts such a command anyway fails, naming the fixture to ask for, so the
+quick round stays quick and no slow test hides in it.
+
+Under CI=true (CI's `.ci/run` installs every tool the suite uses) a skipped test fails instead, unless it carries
+`@pytest.mark.ci_may_skip("why")`: a tool that is missing there is CI's bug, never a pass.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+BUILD_PARSER_VENV = REPO / "scripts" / "build-vllm-parser-venv"
+# The fixtures whose users are slow, with about what one such test costs on 2 cores (orders the files only).
+SLOW_FIXTURES = {"vllm_python": 60.0, "ansible_playbook": 10.0}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow(seconds): costs real time here (about `seconds` on 2 cores); files with the most run first")
+    config.addinivalue_line(
+        "markers", "ci_may_skip(why): this test may skip under CI=true (any other skip fails there)")
 
 
 def _seconds(item: pytest.Item) -> float:
@@ -37,6 +56,10 @@ def _file(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        costs = [SLOW_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in SLOW_FIXTURES]
+        if costs and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow(max(costs)))
     weight: dict[str, float] = {}
     for item in items:
         weight[_file(item)] = weight.get(_file(item), 0.0) + _seconds(item)
@@ -58,3 +81,92 @@ def _environment_restored():
     if dict(os.environ) != before:
         os.environ.clear()
         os.environ.update(before)
+
+
+@pytest.fixture(scope="session")
+def ansible_playbook() -> Path:
+    """This venv's ansible-playbook. Asking for it marks the test slow (a playbook run costs seconds here)."""
+    if not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip(f"{ANSIBLE_PLAYBOOK} not installed (make setup)")
+    return ANSIBLE_PLAYBOOK
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM parser venv's python (scripts/build-vllm-parser-venv: vllm==0.33.0 --no-deps, a CPU torch, what
+    vLLM's CLI imports), built once and cached under /var/tmp. Asking for it marks the test slow."""
+    done = subprocess.run([str(BUILD_PARSER_VENV), "0.33.0"], capture_output=True, text=True, timeout=1800)
+    if done.returncode == 3:
+        pytest.skip(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, f"scripts/build-vllm-parser-venv failed:\n{done.stderr[-4000:]}"
+    return Path(done.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+def _slow_command(args: object) -> str | None:
+    """What makes a command slow: ansible-playbook, or building a venv. None for anything else."""
+    argv = [str(a) for a in args] if isinstance(args, list | tuple) else str(args).split()
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if name in ("ansible-playbook", "ansible") or any(os.path.basename(a) == "ansible-playbook" for a in argv[:3]):
+        return "ansible-playbook (ask for the fixture `ansible_playbook`)"
+    if name == BUILD_PARSER_VENV.name or (argv[1:3] == ["-m", "venv"] and "--without-pip" not in argv):
+        return "a venv build (ask for the fixture `vllm_python`, or mark the test @pytest.mark.slow(seconds))"
+    return None
+
+
+class _Guarded(subprocess.Popen):
+    """subprocess.Popen for a test not marked slow: ansible-playbook or a venv build fails it, naming the fixture."""
+
+    nodeid = ""
+
+    def __init__(self, args, *rest, **kwargs):
+        why = _slow_command(args)
+        if why:
+            pytest.fail(f"{_Guarded.nodeid} is not marked slow but runs {why}", pytrace=False)
+        super().__init__(args, *rest, **kwargs)
+
+
+def _guarded(item: pytest.Item):
+    """Around a test's setup (module fixtures included) and call: the guard, unless the test is marked slow."""
+    if item.get_closest_marker("slow") is not None:
+        return None
+    real = subprocess.Popen
+    _Guarded.nodeid = item.nodeid
+    subprocess.Popen = _Guarded  # type: ignore[misc]
+    return real
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    real = _guarded(item)
+    try:
+        yield
+    finally:
+        if real is not None:
+            subprocess.Popen = real  # type: ignore[misc]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    real = _guarded(item)
+    try:
+        yield
+    finally:
+        if real is not None:
+            subprocess.Popen = real  # type: ignore[misc]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or os.environ.get("CI") != "true" or item.get_closest_marker("ci_may_skip") is not None:
+        return
+    if hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"skipped under CI=true, where every tool the suite uses is installed: {reason} "
+                       "(install what it names in .ci/run or make setup, or mark the test "
+                       "@pytest.mark.ci_may_skip(\"why\") when no tool is missing)")

@@ -6,7 +6,7 @@ import json
 import os
 import socket
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
@@ -134,13 +134,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_ranks_over_loopback_with_gloo():
-    pytest.importorskip("torch")
+def test_two_ranks_over_loopback_with_gloo(vllm_python):
+    """Real torch.distributed over loopback: the parser venv's CPU torch runs this package's bench (the dev venv
+    carries no torch)."""
     port = str(free_port())
     common = ["-m", "twinspark.cli", "fabric", "bench", "--master", "127.0.0.1", "--port", port, "--backend", "gloo",
               "--ifname", "lo", "--sizes", "64K,1M", "--iters", "3", "--warmup", "1", "--timeout", "60", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, *common, "--rank", str(r)], stdout=subprocess.PIPE, text=True, env=env)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    ranks = [subprocess.Popen([str(vllm_python), *common, "--rank", str(r)], stdout=subprocess.PIPE, text=True,
+                              env=env)
              for r in (0, 1)]
     outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0]

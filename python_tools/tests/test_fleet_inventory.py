@@ -211,6 +211,7 @@ def test_the_fleet_summary_names_every_pair_and_the_router(tmp_path):
         "router r1: fronts pair_a, pair_b"]
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_validate_playbook_accepts_a_fleet_and_names_a_broken_one(tmp_path):
     """playbooks/validate.yml runs on localhost only; the inventory's addresses are loopback ones regardless."""
     import os

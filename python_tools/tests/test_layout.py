@@ -299,6 +299,7 @@ def _write(tmp_path: Path, values: dict[str, str]) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_pair_check_refuses_a_node_whose_pair_is_not_one_head_and_one_worker(tmp_path):
     """The one pair check (role twinspark_layout, tasks_from pair_check; vllm_service and model_cache include it):
     two heads in a one-pair inventory stop it, naming the pair, what it holds and the fix."""
@@ -327,6 +328,7 @@ def test_the_pair_check_refuses_a_node_whose_pair_is_not_one_head_and_one_worker
                                                            "directly in twinspark_layout_control_dir"),
     ({}, None),
 ])
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_layout_role_refuses_retired_names_and_a_misplaced_flag_in_one_task(tmp_path, extra, named):
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump([{"name": "The layout's checks", "hosts": "localhost", "gather_facts": False,

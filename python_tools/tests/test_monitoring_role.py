@@ -42,7 +42,8 @@ STAND_IN_TASKS = """\
 ON_LOOPBACK = {"10.78.0.": "127.0.78.", "10.77.0.": "127.0.77."}
 PASSWORD = "stand-in-smtp-password-never-shown"
 
-pytestmark = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not installed")
+# Every test here reads what a playbook run rendered (module fixtures): the fixture marks them slow, skips without it.
+pytestmark = pytest.mark.usefixtures("ansible_playbook")
 
 
 def _on_loopback(inventory: str, where: Path) -> Path:
@@ -222,6 +223,7 @@ def test_on_the_fleet_the_router_node_monitors_both_pairs_and_the_router(fleet):
     assert [c["component"] for c in json.loads(fleet["node1"]["record.json"])["components"]] == ["node_exporter"]
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_an_smtp_password_reaches_alertmanager_as_a_credential_and_no_rendered_file(tmp_path):
     rendered = render(tmp_path, "sim", monitoring_alert_email_to="ops@example.org",
                       monitoring_alert_email_from="pair@example.org",

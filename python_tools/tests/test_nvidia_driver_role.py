@@ -21,6 +21,8 @@ REPO = TESTS.parent.parent
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 UBUNTU_2404_ARM64 = {"distribution": "Ubuntu", "distribution_version": "24.04", "architecture": "aarch64"}
 
+# Every test here runs the role through ansible-playbook (module fixture): the fixture marks them slow.
+pytestmark = pytest.mark.usefixtures("ansible_playbook")
 
 @pytest.fixture(scope="module")
 def role_run(tmp_path_factory):

@@ -167,6 +167,7 @@ def list_hosts(inventory, playbook="site.yml", *extra):
     return plays
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_the_router_only_its_own():
     plays = list_hosts(FLEET)
     nodes = {"spark-a1", "spark-a2", "spark-b1", "spark-b2"}
@@ -185,6 +186,7 @@ def test_every_node_play_of_site_yml_reaches_every_fleet_node_and_the_router_onl
     assert {pattern for pattern, _ in plays} <= {"all", "twinspark_pair", "twinspark_head", "router-1"}
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_limit_selects_one_pair_of_the_fleet():
     plays = list_hosts(FLEET, "site.yml", "--limit", "pair_b")
     assert all(set(hosts) <= {"spark-b1", "spark-b2"} for _, hosts in plays)
@@ -193,6 +195,7 @@ def test_limit_selects_one_pair_of_the_fleet():
     assert plays[0][0] == "all" and set(plays[0][1]) == {"spark-b1", "spark-b2"}
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_simulated_pairs_plays_list_its_two_nodes():
     plays = list_hosts(SIM)
     assert all(set(hosts) == {"node1", "node2"} for pattern, hosts in plays if pattern == "twinspark_pair")
@@ -250,6 +253,7 @@ def _loopback_fleet(tmp_path):
     return path
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 @pytest.mark.parametrize(("playbook", "what"), [("upgrade.yml", "upgrade"), ("rollback.yml", "roll back")])
 def test_upgrade_and_rollback_stop_when_a_run_covers_two_pairs(tmp_path, playbook, what):
     guard, inventory = _guard_playbook(tmp_path, playbook), _loopback_fleet(tmp_path)
@@ -286,6 +290,7 @@ def _validate_then_reached(tmp_path):
     return path
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 @pytest.mark.parametrize("limit", [None, "pair_a", "a2"])
 def test_validation_judges_the_whole_inventory_whatever_the_limit_and_stops_every_host(tmp_path, limit):
     """`--limit pair_a` (or one node) still runs the validation, on the whole inventory: a broken pair_b stops the
@@ -311,6 +316,7 @@ def test_validation_judges_the_whole_inventory_whatever_the_limit_and_stops_ever
     assert "reached" not in bad.stdout
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_one_pair_inventory_runs_site_yml_without_a_pattern_warning():
     """The router play on an inventory with no twinspark_router group matches no host, quietly."""
     run = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(SIM), "site.yml",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 import localplay
+import pytest
 import yaml
 
 ROOT = localplay.ROOT
@@ -53,6 +54,7 @@ def _outcome(output: str) -> dict[str, str]:
     return found
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_each_pair_needs_the_patch_manifest_of_its_own_pin(tmp_path):
     patches = tmp_path / "patches"
     (patches / "vllm-0.32.0").mkdir(parents=True)
@@ -70,6 +72,7 @@ def test_each_pair_needs_the_patch_manifest_of_its_own_pin(tmp_path):
     assert "vllm-0.32.0/manifest.yml: the patches" not in output
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_each_pair_needs_its_own_local_model_source_to_be_a_checkpoint(tmp_path):
     good, empty = tmp_path / "good-model", tmp_path / "not-a-model"
     good.mkdir()

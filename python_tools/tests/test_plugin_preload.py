@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 FILTER = """
@@ -48,11 +50,13 @@ def run(tmp_path: Path, callback_plugins: str, stdout_callback: str) -> list[str
     return log.read_text().split()
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_filter_plugins_load_once_in_the_playbook_process(tmp_path):
     pids = run(tmp_path, str(REPO / "callback_plugins"), "twinspark_progress")
     assert len(pids) == 1, pids
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_without_the_preload_every_task_worker_loads_them_again(tmp_path):
     empty = tmp_path / "no-callbacks"
     empty.mkdir()

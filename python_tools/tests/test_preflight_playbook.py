@@ -44,6 +44,7 @@ def preflight(hosts: Path, *options: str) -> tuple[int, str, dict[str, tuple[int
     return done.returncode, " ".join(output.split()), recap  # the callback wraps long lines
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_preflight_stops_on_a_finding_then_passes_once_it_is_acknowledged(tmp_path):
     rc, output, recap = preflight(inventory(tmp_path, {"twinspark_nccl_socket_ifname": "nosuch0"}))
     assert rc != 0, output
@@ -68,6 +69,7 @@ def test_the_preflight_stops_on_a_finding_then_passes_once_it_is_acknowledged(tm
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_limit_to_one_node_judges_that_node_alone(tmp_path):
     rc, output, recap = preflight(inventory(tmp_path, {"twinspark_nccl_socket_ifname": "nosuch0"}), "--limit", "node2")
     assert rc != 0 and "node2: fabric.interface-missing" in output, output

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "callback_plugins" / "twinspark_progress.py"
 
@@ -34,6 +36,7 @@ def test_a_long_last_line_is_cut_and_no_output_adds_nothing():
     assert len(last) == plugin.LAST_LINE_LIMIT and last.endswith("...")
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_polling_task_prints_progress_lines_not_failed_retrying(tmp_path):
     counter = tmp_path / "count"
     playbook = tmp_path / "poll.yml"

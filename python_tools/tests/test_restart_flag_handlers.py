@@ -35,6 +35,7 @@ def test_no_other_role_defines_its_own_restart_handler():
         assert "Mark the pair for an ordered restart" not in names, f"{path}: use role twinspark_layout's handler"
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_handler_does_not_follow_a_planted_link(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("another account's file\n")

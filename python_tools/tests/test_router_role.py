@@ -204,6 +204,7 @@ def test_the_role_refuses_an_empty_admin_key_or_the_client_key_as_admin_key():
     assert written["notify"] == "Restart the router"
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_the_router_playbook_passes_syntax_check(tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  children:\n    twinspark_router:\n      hosts:\n        r1:\n"

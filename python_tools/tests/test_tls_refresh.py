@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_vllm_parser import vllm_python  # noqa: F401  (the parser venv's python: real vLLM 0.33.0, watchfiles)
 
 from twinspark import atomic, tls
 
@@ -129,7 +128,7 @@ def rotate_cert_first(pair: Path, into: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def servers(vllm_python, certs, tmp_path_factory):  # noqa: F811
+def servers(vllm_python, certs, tmp_path_factory):
     """One vLLM refresher process (vLLM imports once) serving three head directories, each starting with pair A."""
     root = tmp_path_factory.mktemp("heads")
     heads = {name: root / name for name in ("in_place", "renamed", "cert_first")}

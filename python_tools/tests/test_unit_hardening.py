@@ -172,6 +172,7 @@ def test_the_worker_gets_the_short_stop_grace_and_the_head_the_longer_one(render
     assert re.findall(r"^TimeoutStopSec=(\d+)$", worker, re.M) == ["1"]
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 @pytest.mark.parametrize(("head", "worker", "passes"), [(5, 1, True), (5, 0, False), (0, 1, False)])
 def test_a_stop_grace_of_zero_is_refused_naming_both_variables(tmp_path, head, worker, passes):
     # vllm_service's own check (tasks/assert.yml), run by ansible-playbook: systemd reads 0 as "wait forever".

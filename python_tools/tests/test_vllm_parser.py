@@ -26,18 +26,8 @@ import yaml
 from twinspark import cli, launcher, nodeenv, settings, validate, vllmcheck
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "scripts" / "build-vllm-parser-venv"
 CONFIG = Path(__file__).parent / "fixtures" / "handshaped_deepseek_v4_flash_config.json"
 GB10 = "12.1"
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    done = subprocess.run([str(BUILD), "0.33.0"], capture_output=True, text=True, timeout=1800)
-    if done.returncode == 3:
-        pytest.skip(done.stderr.strip().splitlines()[-1])
-    assert done.returncode == 0, f"scripts/build-vllm-parser-venv failed:\n{done.stderr[-4000:]}"
-    return Path(done.stdout.strip().splitlines()[-1]) / "bin" / "python"
 
 
 @pytest.fixture(scope="session")
@@ -152,6 +142,8 @@ def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_pytho
 @pytest.mark.slow(35)
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("unshare"),
                     reason="needs root, setpriv and unshare to become another account in a network namespace")
+@pytest.mark.ci_may_skip("CI's Python lives under /root (pyenv), which the unprivileged account cannot enter: no tool "
+                         "is missing")
 def test_the_check_passes_as_an_unprivileged_account_without_network_with_secrets_as_a_credential(vllm_python):
     """What the transient unit gives the check, short of systemd itself (twinspark.runtime_sandbox): another account
     (nobody), no network (a namespace of the test's own, lo down), a HOME it cannot write, serve.env readable,

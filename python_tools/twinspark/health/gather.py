@@ -38,6 +38,7 @@ from twinspark import model as checkpoint
 from twinspark.doctor import bandwidth, collect
 from twinspark.fabric import gid, links, sysfs
 from twinspark.health import checks
+from twinspark.pair import lifecycle, textfile
 
 SERVE_ENV = Path(layout.current().serve_env)
 SECRETS_ENV = Path(layout.current().secrets_env)
@@ -353,9 +354,8 @@ def read_guard(marker: str | None = None, path: str | None = None, now: float | 
     that is. The pause marker (`marker`, in the root-only control directory) is read where it can be looked at (the
     controller's sweep runs as root); the health timer's account cannot, so there the guard's textfile
     (pair/textfile.py, `path`), which every guard run rewrites, says it. None where neither exists (no guard)."""
+    # Measured: prometheus_client costs ~130 ms at import (pair/textfile.py); only the head's guard look needs it.
     from prometheus_client.parser import text_string_to_metric_families
-
-    from twinspark.pair import lifecycle, textfile
 
     marker = marker or layout.current().guard_pause
     path = path or textfile.default_path()
