@@ -233,3 +233,37 @@ def test_placeholders_and_globs_must_match_something(tmp_path):
     assert not mention_exists("roles/{a,b}/README.md", tmp_path)
     assert not mention_exists("docs/RECIPE.md", tmp_path)
     assert mention_exists("README.md", tmp_path) and not mention_exists("serve.env.j2", tmp_path)
+
+
+
+def unplaced(text: str, repo: Path) -> list[str]:
+    """What of the house (roles, playbooks, packages, plugins, molecule scenarios) `text` does not name."""
+    wanted = {f"`{p.name}`" for p in (repo / "roles").iterdir() if (p / "tasks").is_dir()}
+    wanted |= {p.name for p in (repo / "playbooks").glob("*.yml")}
+    wanted |= {p.name for p in (repo / "playbooks" / "tasks").glob("*.yml")}
+    wanted |= {f"`twinspark/{p.name}/`" for p in (repo / "python_tools" / "twinspark").iterdir()
+               if (p / "__init__.py").exists()}
+    wanted |= {f"`{p.name}/`" for p in (repo / "python_tools").iterdir() if p.name == "devtools"}
+    for folder in ("filter_plugins", "callback_plugins", "library"):
+        wanted |= {p.name for p in (repo / folder).glob("*.py")}
+    wanted |= {f"molecule/{p.name}" for p in (repo / "molecule").iterdir() if (p / "molecule.yml").exists()}
+    return sorted(name for name in wanted if name not in text)
+
+
+def test_the_architecture_map_names_every_role_playbook_package_and_plugin():
+    """docs/ARCHITECTURE.md covers the whole house: a new role, playbook, package or plugin must be placed on it."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    missing = unplaced(text, REPO)
+    assert not missing, f"docs/ARCHITECTURE.md does not place: {', '.join(missing)}"
+    assert "## How to add" in text
+
+
+def test_the_architecture_check_names_a_role_a_playbook_and_a_package_the_map_leaves_out(tmp_path):
+    for folder in ("roles/known/tasks", "roles/newrole/tasks", "playbooks/tasks", "python_tools/twinspark/newpkg",
+                   "filter_plugins", "callback_plugins", "library", "molecule/default"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "playbooks" / "new.yml").write_text("---\n")
+    (tmp_path / "python_tools" / "twinspark" / "newpkg" / "__init__.py").write_text("")
+    (tmp_path / "molecule" / "default" / "molecule.yml").write_text("---\n")
+    text = "`known` and molecule/default"
+    assert unplaced(text, tmp_path) == ["`newrole`", "`twinspark/newpkg/`", "new.yml"]
