@@ -18,9 +18,9 @@ import pytest
 from test_health_gather import FakeVllmApi
 
 from twinspark import api, cli, tls
-from twinspark import guard_rules as rules
 from twinspark.health import checks
 from twinspark.pair import io as pair_io
+from twinspark.pair import rules
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
 

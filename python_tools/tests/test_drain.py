@@ -13,11 +13,10 @@ import pytest
 from test_pairlife_cycle import Head
 
 from twinspark import cli, drain
-from twinspark import guard_rules as rules
-from twinspark.guard_rules import Generation
 from twinspark.pair import cli as pair_cli
-from twinspark.pair import guard
+from twinspark.pair import guard, rules
 from twinspark.pair import lifecycle as pl
+from twinspark.pair.rules import Generation
 
 # --- rules (pure) ----------------------------------------------------------------------------------------------
 
@@ -242,7 +241,7 @@ def test_a_serving_pair_that_start_leaves_alone_is_not_taken_out(routed):
 
 
 def test_rejoin_refuses_a_pair_the_guard_gave_up_on(routed, capsys):
-    from twinspark.guard_rules import GuardState
+    from twinspark.pair.rules import GuardState
 
     guard.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
     assert cli.main(["pair", "rejoin", *routed["args"]]) == 1
@@ -292,7 +291,7 @@ def test_rejoin_says_so_when_the_router_does_not_take_the_pair(routed, capsys):
 
 
 def test_an_operators_restart_of_a_pair_the_guard_gave_up_on_puts_it_back_once_it_serves(routed):
-    from twinspark.guard_rules import GuardState
+    from twinspark.pair.rules import GuardState
 
     guard.save_state(Path(routed["state"]), GuardState(gave_up_at=1.0, gave_up_reason="3 restarts failed"))
     assert cli.main(["pair", "restart", *routed["args"]]) == 0
@@ -301,7 +300,7 @@ def test_an_operators_restart_of_a_pair_the_guard_gave_up_on_puts_it_back_once_i
 
 
 def test_the_guard_never_restarts_nor_puts_back_a_pair_it_gave_up_on(routed, monkeypatch):
-    from twinspark.guard_rules import GuardState
+    from twinspark.pair.rules import GuardState
 
     routed["head"] = RoutedHead(head_state="failed", serves=False)
     monkeypatch.setattr(pl.KickInbox, "inherited", classmethod(lambda cls, environ=None: cls()))

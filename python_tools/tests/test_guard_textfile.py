@@ -12,10 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from twinspark import atomic, cli
-from twinspark.guard_rules import Generation, GuardState, Observation, Policy
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import guard, textfile
 from twinspark.pair import lifecycle as pl
+from twinspark.pair.rules import Generation, GuardState, Observation, Policy
 
 # The monitoring contract's names (issue 30): the alert rules and the dashboards read exactly these.
 CONTRACT = {"twinspark_guard_restarts", "twinspark_guard_attempts_left", "twinspark_guard_paused",
@@ -192,7 +192,7 @@ def test_a_run_that_found_the_lock_held_says_busy(tmp_path, metrics_dir):
     ("broken", "gave_up", "gave_up"),
 ])
 def test_every_decision_has_one_kind(verdict, action, kind):
-    from twinspark.guard_rules import Action, Verdict
+    from twinspark.pair.rules import Action, Verdict
 
     assert textfile.decision_kind(Verdict(verdict), Action(action)) == kind
     assert kind in textfile.DECISIONS

@@ -10,9 +10,9 @@ import os
 import time
 from pathlib import Path
 
-from twinspark.guard_rules import GuardState, Policy
 from twinspark.health import checks, gather
 from twinspark.pair import lifecycle, textfile
+from twinspark.pair.rules import GuardState, Policy
 
 
 def _textfile(path: Path, decision: str, pause: lifecycle.Pause | None = None, now: float | None = None) -> None:

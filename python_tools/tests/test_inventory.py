@@ -51,7 +51,7 @@ def test_the_commands_read_the_inventory_from_its_own_module_not_from_health():
 
     package = Path(inventory.__file__).parent
     for name in ("bench.py", "frontdoor.py", "pair/io.py", "pair/lifecycle.py", "pair/guard.py", "pair/cli.py",
-                 "guard_rules.py"):
+                 "pair/rules.py"):
         tree = ast.parse((package / name).read_text())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
         imported |= {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)

@@ -186,7 +186,8 @@ def _tools_on_a_node(tmp_path: Path, values: dict[str, str]) -> dict[str, str]:
     node_file.write_text(json.dumps(values))
     code = (
         "import json\n"
-        "from twinspark import envcli, guard_rules, runtime_store\n"
+        "from twinspark import envcli, runtime_store\n"
+        "from twinspark.pair import rules as guard_rules\n"
         "from twinspark.health import checks, gather\n"
         "from twinspark.pair import guard, lifecycle\n"
         "print(json.dumps({'guard_rules': guard_rules.UNIT, 'checks': checks.UNIT, 'gather': gather.UNIT,\n"

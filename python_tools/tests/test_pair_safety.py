@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from twinspark.guard_rules import GuardState, Policy
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import guard
 from twinspark.pair import io as pair_io
 from twinspark.pair import lifecycle as pl
+from twinspark.pair.rules import GuardState, Policy
 
 POLICY = Policy(max_attempts=3)
 

@@ -7,11 +7,10 @@ import json
 import pytest
 
 from twinspark import api as head_api
-from twinspark import guard_rules as rules
 from twinspark import systemd
-from twinspark.guard_rules import Action, Attempt, Generation, GuardState, Observation, Policy, Verdict
-from twinspark.pair import guard
+from twinspark.pair import guard, rules
 from twinspark.pair import lifecycle as pl
+from twinspark.pair.rules import Action, Attempt, Generation, GuardState, Observation, Policy, Verdict
 
 POLICY = Policy(max_attempts=3, backoff_initial_s=30, backoff_max_s=300, flap_window_s=3600,
                 startup_grace_s=600, timeout_strikes=3)

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from twinspark import api as head_api
-from twinspark import guard_rules as rules
-from twinspark.guard_rules import Action, Generation, GuardState, Observation, Policy, Progress, Sample, Verdict
 from twinspark.pair import cli as pair_cli
-from twinspark.pair import guard
+from twinspark.pair import guard, rules
 from twinspark.pair import io as pair_io
 from twinspark.pair import lifecycle as pl
+from twinspark.pair.rules import Action, Generation, GuardState, Observation, Policy, Progress, Sample, Verdict
 
 POLICY = Policy(stall_window_s=30, short_probe_timeout_s=15, timeout_strikes=3, startup_grace_s=600)
 INTERVAL = 20.0  # vllm_service_guard_interval_s

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import guard_rules as rules
 from twinspark.fabric.links import LinkState
-from twinspark.guard_rules import Action, Generation, GuardState, Observation, Policy, Progress, Sample, Verdict
 from twinspark.pair import cli as pair_cli
-from twinspark.pair import guard
+from twinspark.pair import guard, rules
 from twinspark.pair import io as pair_io
+from twinspark.pair.rules import Action, Generation, GuardState, Observation, Policy, Progress, Sample, Verdict
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = Policy(max_attempts=3, backoff_initial_s=30, backoff_max_s=300, flap_window_s=3600, startup_grace_s=600,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark.guard_rules import Generation
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import io as pair_io
 from twinspark.pair import lifecycle as pl
+from twinspark.pair.rules import Generation
 
 # --- the order of the steps (pure) -----------------------------------------------------------------------------
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark import guard_rules as rules
-from twinspark.pair import guard
+from twinspark.pair import guard, rules
 from twinspark.pair import io as pair_io
 from twinspark.pair import lifecycle as pl
 

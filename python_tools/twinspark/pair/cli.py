@@ -15,7 +15,9 @@ from pathlib import Path
 
 from twinspark import api as head_api
 from twinspark import drain, envfile, layout
-from twinspark.guard_rules import (
+from twinspark.pair import guard, lifecycle, textfile
+from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, Pair, log
+from twinspark.pair.rules import (
     Generation,
     GuardState,
     Policy,
@@ -28,8 +30,6 @@ from twinspark.guard_rules import (
     track,
     warm,
 )
-from twinspark.pair import guard, lifecycle, textfile
-from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, Pair, log
 
 DEFAULT_ENV_FILES = (layout.current().serve_env, layout.current().secrets_env)
 

@@ -27,7 +27,7 @@ rank is told from a starting pair by the ranks' ages: the worker's forced comman
 active.
 
 The rules (`assess`, `decide`, `after_restart`, `track`, `probe_plan`) are pure functions over plain data in
-guard_rules.py; this module is one guard run around them (look, decide, act, remember) and its state file.
+pair/rules.py; this module is one guard run around them (look, decide, act, remember) and its state file.
 systemctl, SSH and HTTP sit in `Pair` (pair/io.py), which the rules never see; the ordered steps, the lock and the
 pause are pair/lifecycle.py's; the command line is pair/cli.py's.
 """
@@ -46,7 +46,9 @@ from pathlib import Path
 
 from twinspark import api as head_api
 from twinspark import atomic, drain, firewall, layout
-from twinspark.guard_rules import (
+from twinspark.pair import lifecycle, textfile
+from twinspark.pair.io import Pair, guard_key_problem, log, router_of
+from twinspark.pair.rules import (
     Action,
     Generation,
     GuardState,
@@ -60,14 +62,12 @@ from twinspark.guard_rules import (
     state_from_json,
     state_to_json,
 )
-from twinspark.pair import lifecycle, textfile
-from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 
 DEFAULT_STATE_FILE = layout.current().guard_state
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The state file (its JSON shape is guard_rules.state_to_json / state_from_json)
+# The state file (its JSON shape is rules.state_to_json / state_from_json)
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 command, the head's API through twinspark.api, and the fabric in sysfs and over one TCP connect.
 
 `Pair` is the one I/O class the guard and the lifecycle commands act through (tests stand in for it with the same
-methods); the rules that judge what it sees are pure and live in twinspark.guard_rules.
+methods); the rules that judge what it sees are pure and live in twinspark.pair.rules.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from twinspark import api as head_api
 from twinspark import atomic, drain, systemd
 from twinspark.fabric import sysfs
-from twinspark.guard_rules import (
+from twinspark.pair.rules import (
     FABRIC_PROBE_PORT,
     UNIT,
     Api,
@@ -51,7 +51,7 @@ DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
 # is `state` with the rank's age; an older worker refuses it, and the guard then asks `state`.
 PEER_VERBS = ("state", "state-since", "stop", "start")
 
-# Beside the guard's state file: the head's rank the pair last served with (guard_rules.Served). Kept apart from the
+# Beside the guard's state file: the head's rank the pair last served with (rules.Served). Kept apart from the
 # state file because `twinspark pair start|restart` writes it too, and only the guard writes its state.
 SERVED_FILE_NAME = "served-head.json"
 

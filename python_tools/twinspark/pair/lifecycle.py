@@ -35,8 +35,8 @@ from pathlib import Path
 
 from twinspark import atomic, drain, layout, safeio
 from twinspark import plan as planner
-from twinspark.guard_rules import Generation
 from twinspark.pair.io import Pair, guard_key_problem, log, router_of
+from twinspark.pair.rules import Generation
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
 KICK_SOCKET = layout.current().unit_pair_guard_kick

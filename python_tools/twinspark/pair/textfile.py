@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from twinspark import atomic, layout
-from twinspark.guard_rules import Action, Generation, GuardState, Observation, Policy, Verdict
+from twinspark.pair.rules import Action, Generation, GuardState, Observation, Policy, Verdict
 
 FILE_NAME = "guard.prom"
 # The pause's `by` and `reason` are label values: cut to this many characters.
