@@ -27,8 +27,11 @@ TABLE_FILE = "/etc/twinspark/firewall.nft"
 class FakeNft:
     """`nft list table inet twinspark` and `nft -f FILE` over a table that is present or not."""
 
+    LOADED = "table inet twinspark {\n\tchain input {\n\t\ttcp dport 8888 counter packets 0 bytes 0 drop\n\t}\n}\n"
+
     def __init__(self, present: bool, loads: bool = True, answers: bool = True) -> None:
         self.present, self.loads, self.answers = present, loads, answers
+        self.rules = self.LOADED
         self.calls: list[list[str]] = []
 
     def __call__(self, argv):
@@ -39,12 +42,12 @@ class FakeNft:
                                                             "Operation not permitted")
         if argv[1:3] == ["list", "table"]:
             if self.present:
-                return subprocess.CompletedProcess(argv, 0, "table inet twinspark {\n}\n", "")
+                return subprocess.CompletedProcess(argv, 0, self.rules, "")
             return subprocess.CompletedProcess(argv, 1, "", "Error: No such file or directory\nlist table inet "
                                                             "twinspark\n                 ^^^^^^^^^\n")
         if argv[1] == "-f":
             if self.loads:
-                self.present = True
+                self.present, self.rules = True, self.LOADED
                 return subprocess.CompletedProcess(argv, 0, "", "")
             return subprocess.CompletedProcess(argv, 1, "", f"{argv[2]}:3:1-5: Error: syntax error")
         raise AssertionError(f"unexpected nft call {argv}")
@@ -58,13 +61,47 @@ class Clock:
         return self.at
 
 
+def _watched() -> firewall.State:
+    """A verdict whose reference is the table as FakeNft loads it."""
+    return firewall.State("inet twinspark", True, 0, 2, digest=firewall.fingerprint(FakeNft.LOADED))
+
+
 def test_a_present_table_is_left_alone():
     nft, said = FakeNft(present=True), []
-    state = firewall.step(firewall.State("inet twinspark", None, 0, 2), TABLE_FILE, nft, Clock(), said.append)
+    state = firewall.step(_watched(), TABLE_FILE, nft, Clock(), said.append)
     assert state.present is True and state.reapplied == 0
     assert [call[1] for call in nft.calls] == ["list"]
     assert said == []
     assert firewall.judge(json.loads(state.to_json()), 1001.0) == (0, "table inet twinspark loaded")
+
+
+def test_the_first_look_loads_the_file_once_so_the_reference_is_the_watchers_own_load():
+    nft, said = FakeNft(present=True), []
+    nft.rules = "table inet twinspark {\n}\n"  # emptied before the watcher started
+    state = firewall.step(firewall.State("inet twinspark", None, 0, 2), TABLE_FILE, nft, Clock(), said.append)
+    assert [call[1] for call in nft.calls] == ["list", "-f", "list"]
+    assert nft.rules == FakeNft.LOADED and state.digest == firewall.fingerprint(FakeNft.LOADED)
+    assert state.present is True and said == []
+
+
+def test_a_flushed_chain_is_loaded_again_and_said_once():
+    nft, said, clock = FakeNft(present=True), [], Clock()
+    nft.rules = "table inet twinspark {\n\tchain input {\n\t}\n}\n"  # nft flush chain inet twinspark input
+    state = firewall.step(_watched(), TABLE_FILE, nft, clock, said.append)
+    assert nft.calls[1] == [firewall.NFT, "-f", TABLE_FILE] and nft.rules == FakeNft.LOADED
+    assert state.changed == 1 and state.reapplied == 1 and state.present is True
+    assert len(said) == 1 and "held other rules" in said[0] and "without touching vLLM" in said[0]
+    clock.at += 2
+    firewall.step(state, TABLE_FILE, nft, clock, said.append)
+    assert len(said) == 1 and state.changed == 1, "a table that holds what was loaded is left alone"
+    assert firewall.judge(json.loads(state.to_json()), clock.at)[0] == 0
+
+
+def test_traffic_through_the_counters_is_not_a_change():
+    nft, said = FakeNft(present=True), []
+    nft.rules = FakeNft.LOADED.replace("packets 0 bytes 0", "packets 1234 bytes 567890")
+    state = firewall.step(_watched(), TABLE_FILE, nft, Clock(), said.append)
+    assert [call[1] for call in nft.calls] == ["list"] and state.changed == 0 and said == []
 
 
 def test_a_deleted_table_is_loaded_again_and_said_once():
@@ -200,3 +237,43 @@ def test_real_nft_a_deleted_table_comes_back_in_a_namespace_of_our_own(tmp_path)
 
 def _q(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
+
+
+@pytest.mark.slow(5)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not os.access(NFT, os.X_OK),
+                    reason="needs root, unshare and nft (a network namespace of the test's own)")
+def test_real_nft_a_flushed_chain_is_loaded_again_by_the_running_watcher(tmp_path):
+    """Issue 43, row 9: `nft flush chain inet twinspark input` left the chain empty under its accept policy."""
+    table = tmp_path / "firewall.nft"
+    table.write_text(textwrap.dedent("""\
+        table inet twinspark
+        delete table inet twinspark
+        table inet twinspark {
+            chain input {
+                type filter hook input priority filter; policy accept;
+                tcp dport 8888 counter drop comment "API: only the allowed networks"
+            }
+        }
+        """))
+    state = tmp_path / "state.json"
+    cli = [sys.executable, "-c", "import sys; from twinspark import cli; sys.exit(cli.main())"]
+    watch = " ".join([*map(_q, cli), "firewall", "watch", "--file", _q(str(table)), "--state", _q(str(state)),
+                      "--interval", "0.2"])
+    script = f"""
+        set -u
+        {NFT} -f {_q(str(table))} || exit 10
+        {watch} & watcher=$!
+        trap 'kill $watcher' EXIT
+        for i in $(seq 50); do [ -s {_q(str(state))} ] && break; sleep 0.1; done
+        sleep 0.5
+        {NFT} flush chain inet twinspark input || exit 11
+        for i in $(seq 50); do
+            {NFT} list table inet twinspark | grep -q 'dport 8888' && grep -q '"changed": 1' {_q(str(state))} && exit 0
+            sleep 0.1
+        done
+        exit 12
+        """
+    done = subprocess.run(["unshare", "--net", "bash", "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "held other rules" in done.stdout

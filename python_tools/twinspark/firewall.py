@@ -4,8 +4,12 @@ The rank's unit is bound to the firewall unit (BindsTo=), which loads the nftabl
 then only remembers that it did. Deleting the table by hand (`nft delete table inet twinspark`, or a ruleset flush
 by another tool) leaves vLLM serving with no filter, and systemd never notices. The watcher unit looks at the table
 every few seconds and, when it is gone, loads the same file again (one nft transaction: the file declares, deletes
-and recreates the table), without stopping or restarting anything. It logs one line per disappearance and keeps
-its verdict in a small JSON state file that the health sweep and the pair guard read, so both say so while it lasts.
+and recreates the table), without stopping or restarting anything. It also compares what the table holds with
+what the file loaded (a digest of `nft list table`, counter values left out): a chain flushed or a rule changed by
+hand is loaded again the same way (issue 43, row 9: `nft flush chain inet twinspark input` left an empty chain under
+an accept policy). The reference is taken from the watcher's own load: on its first look it loads the file once
+(atomically, so there is no moment without the table). It logs one line per disappearance or change and keeps its
+verdict in a small JSON state file that the health sweep and the pair guard read, so both say so while it lasts.
 
     twinspark firewall watch --file FILE [--state PATH] [--interval S] [--once]
     twinspark firewall status [--state PATH] [--json]
@@ -17,7 +21,9 @@ watcher could not look, 2 when the table is missing.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -53,6 +59,8 @@ class State:
     reapplied: int = 0
     last_reapplied_at: float | None = None
     error: str = ""
+    digest: str = ""  # what the table held right after the watcher last loaded the file ('' before its first load)
+    changed: int = 0  # times the table was found holding something else than what was loaded, and loaded again
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True) + "\n"
@@ -62,19 +70,27 @@ def table_name() -> str:
     return " ".join(TABLE)
 
 
-def look(run: Run, nft: str = NFT) -> tuple[bool | None, str]:
-    """(present, why not): True when the table is loaded, False when nft says it does not exist, None when nft
-    could not answer at all."""
+_COUNTER = re.compile(r"counter packets \d+ bytes \d+")
+
+
+def fingerprint(listing: str) -> str:
+    """A digest of `nft list table` output that changes with the rules, sets and policies, not with traffic."""
+    return hashlib.sha256(_COUNTER.sub("counter", listing).encode()).hexdigest()
+
+
+def look(run: Run, nft: str = NFT) -> tuple[bool | None, str, str]:
+    """(present, why not, the table's fingerprint): True when the table is loaded, False when nft says it does not
+    exist, None when nft could not answer at all."""
     try:
         done = run([nft, "list", "table", *TABLE])
     except (OSError, subprocess.SubprocessError) as error:
-        return None, f"{nft}: {error}"
+        return None, f"{nft}: {error}", ""
     if done.returncode == 0:
-        return True, ""
+        return True, "", fingerprint(done.stdout or "")
     said = " ".join((done.stderr or done.stdout or "").split())
     if "No such file or directory" in said:
-        return False, said
-    return None, said or f"{nft} exited {done.returncode}"
+        return False, said, ""
+    return None, said or f"{nft} exited {done.returncode}", ""
 
 
 def load(run: Run, file: str, nft: str = NFT) -> str:
@@ -90,14 +106,24 @@ def load(run: Run, file: str, nft: str = NFT) -> str:
 
 def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time,
          say: Callable[[str], None] = print) -> State:
-    """One look, and a reload when the table is gone. Returns the new verdict (the same object, updated)."""
-    present, why = look(run)
+    """One look, and a reload when the table is gone or holds something else than what was loaded. Returns the new
+    verdict (the same object, updated)."""
+    present, why, digest = look(run)
     state.checked_at = now()
     if present is None:
         if state.error != why:
             say(f"firewall watch: cannot look at table {state.table}: {why}")
         state.present, state.error = None, why
         return state
+    if present and state.digest and digest != state.digest:
+        return _reload_changed(state, file, run, now, say)
+    if present and not state.digest:  # the first look: load the file once, so the reference is our own load
+        problem = load(run, file)
+        if problem:
+            state.present, state.error = True, f"cannot take the reference: {file} did not load: {problem}"
+            say(f"firewall watch: {state.error}; the table's content is not watched until it does")
+            return state
+        state.digest = look(run)[2]
     if present:
         if state.present is False and state.missing_since is not None:
             say(f"firewall watch: table {state.table} is back after {state.checked_at - state.missing_since:.1f} s")
@@ -112,7 +138,7 @@ def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time
                 f"the rendezvous ports are unfiltered until it does")
         state.present, state.error = False, problem
         return state
-    present_now, _ = look(run)
+    present_now, _, state.digest = look(run)
     state.reapplied += 1
     state.last_reapplied_at = now()
     state.present, state.error = bool(present_now), ""
@@ -121,6 +147,24 @@ def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time
         f"{gone_for:.1f} s after it was first seen missing, without touching vLLM")
     if state.present:
         state.missing_since = None
+    return state
+
+
+def _reload_changed(state: State, file: str, run: Run, now: Callable[[], float], say: Callable[[str], None]) -> State:
+    """The table is there but holds something else than what the watcher loaded: load the file again."""
+    problem = load(run, file)
+    if problem:
+        if state.error != problem:
+            say(f"firewall watch: table {state.table} holds other rules than {file}, which did not load: {problem}")
+        state.present, state.error = True, problem
+        return state
+    state.digest = look(run)[2]
+    state.changed += 1
+    state.reapplied += 1
+    state.last_reapplied_at = now()
+    state.present, state.missing_since, state.error = True, None, ""
+    say(f"firewall watch: table {state.table} held other rules than {file} loaded (changed outside its unit); "
+        "loaded it again, without touching vLLM")
     return state
 
 
@@ -160,6 +204,8 @@ def judge(state: Mapping[str, object], now: float) -> tuple[int, str]:
                    + (f"; reloading failed: {state['error']}" if state.get("error") else ""))
     if state.get("present") is None:
         return 1, f"the watcher cannot look at table {table}: {state.get('error') or 'no answer'}"
+    if state.get("error"):
+        return 1, f"table {table} loaded, but the watcher cannot vouch for its rules: {state['error']}"
     again = int(state.get("reapplied") or 0)
     return 0, f"table {table} loaded" + (f" (re-applied {again} time(s) since the watcher started)" if again else "")
 
