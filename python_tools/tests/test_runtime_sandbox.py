@@ -168,3 +168,10 @@ def test_the_rule_names_the_tasks_that_started_the_check_as_root():
                                          "Run the all_reduce benchmark on both nodes at once"]
     sandboxed = ROOTS_TASKS.replace("'--rank', '0'] }}", "'--rank', '0'] | twinspark_fabric_bench_sandbox('cpu') }}")
     assert _unsandboxed(sandboxed) == ["Ask the new runtime's vLLM whether it accepts this node's env files"]
+
+
+def test_the_workers_check_gets_no_secret():
+    """Issue 43, row 11: the worker's rank never gets secrets.env, so its runtime check must not either."""
+    argv = runtime_sandbox.wrap(runtime_sandbox.check_command("/py", ["/serve.env"]), "cpu", LAYOUT.service_user, "")
+    assert not [p for p in _properties(argv) if p.startswith("LoadCredential=")]
+    assert "secrets.env" not in " ".join(argv)

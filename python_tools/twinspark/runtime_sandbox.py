@@ -15,6 +15,7 @@ check` by hand runs it as whoever they are; the wrapped form is in docs/RUNTIME.
 secrets.env is root's alone (0600). The unit gets a private copy of it the way the rank's unit does
 (`LoadCredential=`), and the launcher reads that copy when the path it was given is unreadable
 (twinspark.launcher.credential_fallback): no key is ever in argv, in a property or in a file others can read.
+On the worker, whose rank gets no secret at all, the check gets none either (`secrets_env` empty: issue 43, row 11).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def properties(profile: str, user: str, secrets_env: str, timeout_s: int = TIMEO
     the rank's unit: MemoryDenyWriteExecute= (torch's and oneDNN's code generators) and ProcSubset=pid (the memory
     planner reads /proc/meminfo, NVML /proc/driver/nvidia).
     """
-    return [*_account(user, timeout_s), f"LoadCredential={Path(secrets_env).name}:{secrets_env}",
+    credential = [f"LoadCredential={Path(secrets_env).name}:{secrets_env}"] if secrets_env else []
+    return [*_account(user, timeout_s), *credential,
             "PrivateNetwork=yes", "IPAddressDeny=any", *_devices(profile, rdma=False), *SANDBOX]
 
 
