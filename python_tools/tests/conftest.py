@@ -20,6 +20,7 @@ Under CI=true (CI's `.ci/run` installs every tool the suite uses) a skipped test
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -35,6 +36,10 @@ SLOW_FIXTURES = {"vllm_python": 60.0, "ansible_playbook": 10.0}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Loaded here, once, so that the guard below can refuse its `run` to unmarked tests (the front door imports it
+    # when it runs a playbook). A controller extra: without it there is nothing to guard.
+    with contextlib.suppress(ImportError):
+        import ansible_runner  # noqa: F401
     config.addinivalue_line(
         "markers", "slow(seconds): costs real time here (about `seconds` on 2 cores); files with the most run first")
     config.addinivalue_line(
@@ -127,34 +132,47 @@ class _Guarded(subprocess.Popen):
         super().__init__(args, *rest, **kwargs)
 
 
-def _guarded(item: pytest.Item):
-    """Around a test's setup (module fixtures included) and call: the guard, unless the test is marked slow."""
+def _refuse_runner(*args, **kwargs):
+    pytest.fail(f"{_Guarded.nodeid} is not marked slow but runs ansible-playbook through ansible-runner (ask for the "
+                "fixture `ansible_playbook`)", pytrace=False)
+
+
+def _guarded(item: pytest.Item) -> list[tuple[object, str, object]] | None:
+    """Around a test's setup (module fixtures included) and call: the guard, unless the test is marked slow. Returns
+    what to put back: subprocess.Popen, and ansible_runner.run (it starts ansible-playbook through a pty, not Popen)."""
     if item.get_closest_marker("slow") is not None:
         return None
-    real = subprocess.Popen
     _Guarded.nodeid = item.nodeid
+    saved: list[tuple[object, str, object]] = [(subprocess, "Popen", subprocess.Popen)]
     subprocess.Popen = _Guarded  # type: ignore[misc]
-    return real
+    runner = sys.modules.get("ansible_runner")
+    if runner is not None:
+        saved.append((runner, "run", runner.run))
+        runner.run = _refuse_runner
+    return saved
+
+
+def _restore(saved: list[tuple[object, str, object]] | None) -> None:
+    for owner, name, value in saved or []:
+        setattr(owner, name, value)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
-    real = _guarded(item)
+    saved = _guarded(item)
     try:
         yield
     finally:
-        if real is not None:
-            subprocess.Popen = real  # type: ignore[misc]
+        _restore(saved)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    real = _guarded(item)
+    saved = _guarded(item)
     try:
         yield
     finally:
-        if real is not None:
-            subprocess.Popen = real  # type: ignore[misc]
+        _restore(saved)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -41,6 +43,7 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_run_counts_per_host_keeps_its_events_and_draws_a_compact_view(project):
     stream = io.StringIO()
     view = frontdoor.LiveView(stream=stream, redraw=False)
@@ -58,6 +61,7 @@ def test_a_run_counts_per_host_keeps_its_events_and_draws_a_compact_view(project
     assert stream.getvalue().splitlines() == ["play: Tiny play", "done: localhost: ok=2 changed=1"]
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_failure_is_printed_as_it_happens_naming_host_play_task_and_message(project):
     stream = io.StringIO()
     view = frontdoor.LiveView(stream=stream, redraw=False)
@@ -80,6 +84,7 @@ def test_redrawn_view_keeps_one_status_line():
     assert stream.getvalue().endswith(view.status_line())
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_deploy_runs_site_yml_from_the_checkout_and_exits_with_its_status(project, capsys):
     code = cli.main(["deploy", "-i", str(project / "inventory.ini"), "--no-health"])
     err = capsys.readouterr().err
@@ -114,6 +119,7 @@ def test_upgrade_and_rollback_run_their_playbooks():
         assert cli.COMMANDS[verb][0] == "twinspark.frontdoor"
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_verb_ends_with_the_health_sweep_of_the_same_inventory(project, monkeypatch, capsys):
     """The closing table is `twinspark health -i INVENTORY`'s own, asked through its function: its exit code is
     the verb's."""
@@ -239,6 +245,7 @@ def test_a_limited_or_checked_fleet_run_is_one_run(fleet_project, monkeypatch):
     assert asked == [], "--check changes nothing, so there is nothing to gate"
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_extra_vars_reach_the_playbook_intact(project):
     """-e passes through ansible-runner's command line as one argument, spaces and quotes included."""
     vars_json = '{"fail_now": true, "marker": "' + str(project / "a marker") + '"}'
@@ -246,6 +253,7 @@ def test_extra_vars_reach_the_playbook_intact(project):
     assert (project / "a marker").exists()
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_a_run_keeps_no_environment_and_no_extra_vars_value_on_disk(project, monkeypatch, capsys):
     """ansible-runner writes the whole environment and argv to artifacts/<run>/command: a token exported before the
     run, or passed with -e, must not stay there (nor anywhere else in the run's folder)."""
@@ -262,6 +270,7 @@ def test_a_run_keeps_no_environment_and_no_extra_vars_value_on_disk(project, mon
     assert (project / "marker").exists(), "the extra value still reached the run"
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_only_the_newest_runs_are_kept_and_nothing_else_is_touched(project, capsys):
     artifacts = project / "artifacts"
     for name in ("20250101T000000", "20250101T000001", "20250101T000001-2", "notes", "20250101T000002.txt"):
@@ -308,6 +317,7 @@ ROTATE_PLAYBOOK = """\
 """
 
 
+@pytest.mark.usefixtures("ansible_playbook")
 def test_rotate_hands_its_kind_phase_and_grace_to_the_rotate_playbook(project, capsys):
     (project / "playbooks").mkdir()
     (project / "playbooks" / "rotate.yml").write_text(ROTATE_PLAYBOOK)
@@ -325,3 +335,23 @@ def test_rotate_refuses_a_kind_it_does_not_know(project, capsys):
     assert stopped.value.code == 2
     assert "invalid choice: 'hf-token'" in capsys.readouterr().err
     assert not (project / "marker").exists()
+
+
+@pytest.mark.usefixtures("ansible_playbook")
+def test_a_hang_up_midway_still_scrubs_the_runs_environment(project, monkeypatch):
+    """The scrub is in a `finally`: a SIGHUP (a closed terminal) during the run ends it as an exit, and the run's
+    `command` file keeps no environment (issue 43)."""
+    monkeypatch.setenv("TWINSPARK_TEST_TOKEN", "hunter2-exported-token")
+    (project / "site.yml").write_text(PLAYBOOK.replace(
+        "    - name: Touch a marker\n",
+        "    - name: Hang up the front door\n      ansible.builtin.command: kill -HUP {{ front_pid }}\n"
+        "      changed_when: true\n    - name: Touch a marker\n"))
+    view = frontdoor.LiveView(stream=io.StringIO(), redraw=False)
+    with pytest.raises(SystemExit) as ended:
+        frontdoor.run_playbook(project / "site.yml", str(project / "inventory.ini"), project / "artifacts", view,
+                               project, ["-e", f"front_pid={os.getpid()}"])
+    assert ended.value.code == 128 + signal.SIGHUP
+    [run] = list((project / "artifacts").iterdir())
+    recorded = json.loads((run / "command").read_text())
+    assert "env" not in recorded and "hunter2-exported-token" not in (run / "command").read_text()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL, "the previous handler is back"

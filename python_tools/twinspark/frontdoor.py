@@ -29,7 +29,9 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -195,22 +197,46 @@ def run_playbook(playbook: Path, inventory: str, artifacts: Path, view: LiveView
     envvars = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "ANSIBLE_NOCOLOR": "1"}
     if (project / "ansible.cfg").is_file():
         envvars["ANSIBLE_CONFIG"] = str(project / "ansible.cfg")
-    runner = ansible_runner.run(
-        private_data_dir=str(private),
-        artifact_dir=str(artifacts),
-        ident=ident,
-        project_dir=str(project),
-        playbook=str(playbook.resolve()),
-        inventory=str(Path(inventory).resolve()) if Path(inventory).exists() else inventory,
-        envvars=envvars,
-        cmdline=shlex.join(extra_cmdline) if extra_cmdline else None,
-        quiet=True,
-        event_handler=view.on_event,
-        suppress_env_files=True,
-    )
+    # A hang-up or a TERM (a closed terminal, systemd stopping the caller) ends the run as an exit, so the scrub
+    # below still runs: ansible-runner has written the whole environment into `command` by then.
+    with _signals_exit():
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                artifact_dir=str(artifacts),
+                ident=ident,
+                project_dir=str(project),
+                playbook=str(playbook.resolve()),
+                inventory=str(Path(inventory).resolve()) if Path(inventory).exists() else inventory,
+                envvars=envvars,
+                cmdline=shlex.join(extra_cmdline) if extra_cmdline else None,
+                quiet=True,
+                event_handler=view.on_event,
+                suppress_env_files=True,
+            )
+        finally:
+            scrub_command(artifacts / ident / "command")
     view.finish()
-    scrub_command(artifacts / ident / "command")
     return int(runner.rc or 0), artifacts / ident
+
+
+@contextlib.contextmanager
+def _signals_exit():
+    """SIGHUP and SIGTERM raise SystemExit(128 + signal) while the block runs (main thread only), so `finally`
+    clauses run; the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = {number: signal.signal(number, leave) for number in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 REDACTED = "<redacted>"
