@@ -151,8 +151,12 @@ def test_role_renders_validated_files_atomically_and_idempotently(tmp_path):
             "-e", "ansible_become=false", "-e", f"ansible_python_interpreter={sys.executable}",
             *layout_args(etc, state)]
     first = playbook(*args, check=True)
-    # directory, layout file, the marker's directory's mode, two env files, restart marker
-    assert "changed=6" in first.stdout.replace(" ", "")
+    # directory, layout file, the marker's directory's mode, secrets.env made empty and 0600 before its first write
+    # (issue 43, row 12: never a moment with the secret under the default mode), two env files, restart marker
+    assert "changed=7" in first.stdout.replace(" ", "")
+    made, written = (first.stdout.index(f"TASK [serve_env : {name}]") for name in
+                     ("Create secrets.env empty and root-only before its first write", "Write secrets.env"))
+    assert made < written
     assert state.stat().st_mode & 0o777 == 0o700
     node_layout = json.loads((etc / "layout.json").read_text())
     assert node_layout["venv"] == str(TWINSPARK.parent.parent)
