@@ -67,6 +67,15 @@ def test_a_local_listener_of_another_account_gets_no_key_and_is_named():
         assert api.key_withheld(url, None) is None  # no serving account on this machine: nothing here to protect
 
 
+def test_a_v4_mapped_url_is_judged_against_the_ipv4_listener():
+    """Issue 43, row 4: VLLM_HOST written as ::ffff:127.0.0.1 dials the IPv4 listener on 127.0.0.1."""
+    with _listening() as server:
+        port = server.getsockname()[1]
+        why = api.key_withheld(f"http://[::ffff:127.0.0.1]:{port}", STRANGER)
+        assert why is not None and "not the serving account" in why
+        assert api.key_withheld(f"http://[::ffff:127.0.0.1]:{port}", ME) is None
+
+
 def test_a_remote_url_and_a_free_port_are_not_judged():
     # 10.78.0.250 is not an address of this machine: a bind there fails, so no traffic is sent and it is not local.
     assert api.key_withheld("http://10.78.0.250:8888", STRANGER) is None

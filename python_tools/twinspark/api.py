@@ -364,6 +364,9 @@ def key_withheld(url: str, owner_uid: int | None, proc: str = "/proc") -> str | 
         address = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
     except ValueError:
         return None  # a host name: another machine's, as the controller's sweep dials it
+    # An IPv6 socket dialling ::ffff:a.b.c.d reaches IPv4 listeners on a.b.c.d: judge it as that IPv4 address (issue
+    # 43, row 4: written as ::ffff:127.0.0.1, the host was not matched against IPv4 listeners and the key went out).
+    address = getattr(address, "ipv4_mapped", None) or address
     if not _is_local(address):
         return None
     listeners = tcp_listeners(port, proc)
