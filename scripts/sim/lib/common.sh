@@ -115,7 +115,7 @@ head_api_key() {
 }
 # The router's admin key, as the router node holds it (roles/router: router_admin_key_file); empty when unreadable.
 router_admin_key() {
-  timeout 10 "$SIM_SCRIPTS/nx" node5 cat /etc/twinspark-router/admin.key 2>/dev/null | tr -d '\r' | awk 'NF { print $1; exit }'
+  timeout 10 "$SIM_SCRIPTS/nx" "${ROUTER_NODE:-node5}" cat /etc/twinspark-router/admin.key 2>/dev/null | tr -d '\r' | awk 'NF { print $1; exit }'
 }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
