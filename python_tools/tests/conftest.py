@@ -157,22 +157,22 @@ def _restore(saved: list[tuple[object, str, object]] | None) -> None:
         setattr(owner, name, value)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
+def _guarding(item: pytest.Item):
     saved = _guarded(item)
     try:
         yield
     finally:
         _restore(saved)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    yield from _guarding(item)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    saved = _guarded(item)
-    try:
-        yield
-    finally:
-        _restore(saved)
+    yield from _guarding(item)
 
 
 @pytest.hookimpl(hookwrapper=True)

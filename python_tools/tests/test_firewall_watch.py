@@ -203,19 +203,7 @@ NFT = shutil.which("nft") or "/usr/sbin/nft"
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not os.access(NFT, os.X_OK),
                     reason="needs root, unshare and nft (a network namespace of the test's own)")
 def test_real_nft_a_deleted_table_comes_back_in_a_namespace_of_our_own(tmp_path):
-    table = tmp_path / "firewall.nft"
-    table.write_text(textwrap.dedent("""\
-        table inet twinspark
-        delete table inet twinspark
-        table inet twinspark {
-            chain input {
-                type filter hook input priority filter; policy accept;
-                tcp dport 8888 counter drop comment "API: only the allowed networks"
-            }
-        }
-        """))
-    state = tmp_path / "state.json"
-    cli = [sys.executable, "-c", "import sys; from twinspark import cli; sys.exit(cli.main())"]
+    table, state, cli = _watched_table(tmp_path)
     watch = " ".join([*map(_q, cli), "firewall", "watch", "--file", _q(str(table)), "--state", _q(str(state)),
                       "--once"])
     status = " ".join([*map(_q, cli), "firewall", "status", "--state", _q(str(state))])
@@ -235,15 +223,8 @@ def test_real_nft_a_deleted_table_comes_back_in_a_namespace_of_our_own(tmp_path)
     assert json.loads(state.read_text())["present"] is True
 
 
-def _q(word: str) -> str:
-    return "'" + word.replace("'", "'\\''") + "'"
-
-
-@pytest.mark.slow(5)
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not os.access(NFT, os.X_OK),
-                    reason="needs root, unshare and nft (a network namespace of the test's own)")
-def test_real_nft_a_flushed_chain_is_loaded_again_by_the_running_watcher(tmp_path):
-    """Issue 43, row 9: `nft flush chain inet twinspark input` left the chain empty under its accept policy."""
+def _watched_table(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """The table file both real-nft tests load, the watcher's state path, and the CLI as a command line."""
     table = tmp_path / "firewall.nft"
     table.write_text(textwrap.dedent("""\
         table inet twinspark
@@ -255,8 +236,20 @@ def test_real_nft_a_flushed_chain_is_loaded_again_by_the_running_watcher(tmp_pat
             }
         }
         """))
-    state = tmp_path / "state.json"
     cli = [sys.executable, "-c", "import sys; from twinspark import cli; sys.exit(cli.main())"]
+    return table, tmp_path / "state.json", cli
+
+
+def _q(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+@pytest.mark.slow(5)
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not os.access(NFT, os.X_OK),
+                    reason="needs root, unshare and nft (a network namespace of the test's own)")
+def test_real_nft_a_flushed_chain_is_loaded_again_by_the_running_watcher(tmp_path):
+    """Issue 43, row 9: `nft flush chain inet twinspark input` left the chain empty under its accept policy."""
+    table, state, cli = _watched_table(tmp_path)
     watch = " ".join([*map(_q, cli), "firewall", "watch", "--file", _q(str(table)), "--state", _q(str(state)),
                       "--interval", "0.2"])
     script = f"""
