@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +169,31 @@ def test_the_inventory_validation_filter_reports_tls_files_on_the_controller(tmp
         "unset it"]
     files = filters.twinspark_tls_files(hostvars["h"], filters.twinspark_node_env(hostvars["h"], "h", groups, hostvars))
     assert [f["dest"] for f in files if f["src"]] == ["/etc/twinspark/tls/server.crt", "/etc/twinspark/tls/server.key"]
+
+
+def _leaf_signed_by(ca: Path, ca_key: Path, name: str, where: Path) -> Path:
+    """A leaf certificate for `name` signed with the self-signed certificate's own key, as a thief of that key would."""
+    key, request, leaf = where / f"{name}.key", where / f"{name}.csr", where / f"{name}.crt"
+    subprocess.run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(request), "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}"], check=True, capture_output=True, timeout=60)
+    subprocess.run(["openssl", "x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key),
+                    "-CAcreateserial", "-days", "1", "-out", str(leaf), "-copy_extensions", "copy"],
+                   check=True, capture_output=True, timeout=60)
+    return leaf
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
+def test_the_self_signed_certificate_can_sign_for_its_own_names_only(tmp_path):
+    """Issue 43: the helper's certificate is a CA (clients trust it as their CA file) and its key is readable by the
+    serving account; name constraints keep that key from signing for any other name."""
+    ca, ca_key = tmp_path / "pair.crt", tmp_path / "pair.key"
+    tls.make_cert(ca, ca_key, ["head.example"], days=1)
+
+    def verify(leaf: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["openssl", "verify", "-CAfile", str(ca), str(leaf)], capture_output=True, text=True,
+                              timeout=60, check=False)
+
+    assert verify(_leaf_signed_by(ca, ca_key, "head.example", tmp_path)).returncode == 0
+    refused = verify(_leaf_signed_by(ca, ca_key, "bank.example", tmp_path))
+    assert refused.returncode != 0 and "permitted subtree violation" in refused.stdout + refused.stderr

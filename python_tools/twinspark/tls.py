@@ -403,11 +403,30 @@ def subject_alt_names(names: Sequence[str]) -> str:
     return ",".join(entries)
 
 
+def name_constraints(names: Sequence[str]) -> str:
+    """openssl's nameConstraints permitting exactly the certificate's own names (each address as a single host):
+    its key, which the serving account can read, can then sign for nothing else (issue 43)."""
+    permitted = []
+    for entry in subject_alt_names(names).split(","):
+        kind, value = entry.split(":", 1)
+        if kind == "IP":
+            address = ipaddress.ip_address(value)
+            mask = ipaddress.ip_address((1 << address.max_prefixlen) - 1)
+            permitted.append(f"permitted;IP:{address}/{mask}")
+        else:
+            permitted.append(f"permitted;DNS:{value}")
+    return "critical," + ",".join(permitted)
+
+
 def make_cert_argv(cert: Path, key: Path, names: Sequence[str], days: int, openssl: str = "openssl") -> list[str]:
+    """Self-signed, its own CA (clients trust it as the CA file), but a CA for its own names only (name constraints)
+    and for no CA below it (pathlen 0)."""
     return [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
             "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", "/CN=twinspark-pair",
             "-addext", f"subjectAltName={subject_alt_names(names)}",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=digitalSignature,keyCertSign"]
+            "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
+            "-addext", f"nameConstraints={name_constraints(names)}",
+            "-addext", "keyUsage=digitalSignature,keyCertSign"]
 
 
 def make_cert(cert: Path, key: Path, names: Sequence[str], days: int = 30) -> None:
