@@ -38,7 +38,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from twinspark import envfile, launcher, layout, patching, plan, runtime_store, settings, vllm_entry, vllmcheck
+from twinspark import envfile, launcher, layout, memfit, patching, runtime_store, settings, vllm_entry, vllmcheck
 
 PACKAGE = "twinspark"
 
@@ -178,7 +178,7 @@ SCRATCH_DIRS = ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TORCHINDUCTOR_CACHE_DIR"
 
 def model_config_path(values: dict[str, str]) -> Path | None:
     """Where this node's config.json for MODEL would be: the local directory, or the pinned Hub snapshot."""
-    directory = plan.model_dir(values)
+    directory = memfit.model_dir(values)
     return None if directory is None else directory / "config.json"
 
 
@@ -249,7 +249,7 @@ def _check_command(args: argparse.Namespace) -> int:
         capability = visible_capability()
     # Before vLLM: the memory planner (twinspark plan) on this node's memory; TWINSPARK_PLAN_FIT says whether a
     # configuration that does not fit is refused or only warned about.
-    fit = plan.fit_here(values)
+    fit = memfit.fit_here(values)
     rank = values.get("NODE_RANK")
     for line in filter(None, (fit.refusal, fit.warning and f"warning: {fit.warning}")):
         print(f"{name}: rank {rank}: {line}", file=sys.stderr)

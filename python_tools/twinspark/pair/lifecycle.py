@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twinspark import atomic, drain, layout, safeio
-from twinspark import plan as planner
+from twinspark import memfit as planner
 from twinspark.pair.io import Pair, guard_key_problem, log, router_of
 from twinspark.pair.rules import Generation
 

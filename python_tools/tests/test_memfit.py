@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import plan
+from twinspark import memfit as plan
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODEL = FIXTURES / "handshaped_deepseek_v4_flash_model"
