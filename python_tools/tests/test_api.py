@@ -165,10 +165,10 @@ def test_the_pair_guard_probes_over_https_from_the_env_files(https_api, tmp_path
     port = url.rsplit(":", 1)[1]
     env = {"VLLM_HOST": "127.0.0.1", "VLLM_PORT": port, "SERVED_MODEL_NAME": "tiny", "MAX_MODEL_LEN": "512",
            "VLLM_API_KEY": "sekrit", "TWINSPARK_VLLM_TLS_CERT": str(cert), "TWINSPARK_VLLM_TLS_KEY": "/unused"}
-    good = pair_io.Pair(api=api.api_from_env(env), worker_addresses=[])
+    good = pair_io.LivePair(api=api.api_from_env(env), worker_addresses=[])
     assert good.probe(5)[0] is rules.Generation.OK
     assert good.sample(5).counted
-    bad = pair_io.Pair(api=api.api_from_env({**env, "TWINSPARK_VLLM_TLS_CA": str(other)}), worker_addresses=[])
+    bad = pair_io.LivePair(api=api.api_from_env({**env, "TWINSPARK_VLLM_TLS_CA": str(other)}), worker_addresses=[])
     probe, detail = bad.probe(5)
     assert probe is not rules.Generation.OK and "does not verify" in detail
 

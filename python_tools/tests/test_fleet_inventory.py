@@ -73,7 +73,7 @@ def test_the_one_pair_inventories_validate_as_before(inventory):
     assert not fleet.is_fleet(hostvars, groups)
     assert fleet.problems(hostvars, groups) == []
     assert FILTERS.twinspark_pair_problems(hostvars, groups) == []
-    assert fleet.pairs(hostvars, groups)[0] == [fleet.Pair("twinspark_pair", groups["twinspark_head"][0],
+    assert fleet.pairs(hostvars, groups)[0] == [fleet.FleetPair("twinspark_pair", groups["twinspark_head"][0],
                                                            groups["twinspark_worker"][0])]
 
 
@@ -92,7 +92,8 @@ def test_the_documented_fleet_example_validates():
 def test_two_pairs_and_a_router_validate(tmp_path):
     problems, hostvars, groups = problems_of(tmp_path, fleet_inventory())
     assert problems == []
-    assert fleet.pairs(hostvars, groups)[0] == [fleet.Pair("pair_a", "a1", "a2"), fleet.Pair("pair_b", "b1", "b2")]
+    assert fleet.pairs(hostvars, groups)[0] == [fleet.FleetPair("pair_a", "a1", "a2"),
+                                                fleet.FleetPair("pair_b", "b1", "b2")]
 
 
 def test_each_node_gets_its_own_pairs_env(tmp_path):
@@ -262,7 +263,7 @@ def test_a_pair_whose_firewall_would_refuse_the_router_is_named(tmp_path):
 
 
 def test_a_router_known_by_name_only_is_not_judged_by_address():
-    pair = fleet.Pair("p", "h", "w")
+    pair = fleet.FleetPair("p", "h", "w")
     assert fleet.router_admission_problem("r1", {"ansible_host": "router.example"}, pair, {}) is None
     assert fleet.router_admission_problem("r1", {"ansible_host": "192.0.2.5"}, pair,
                                           {"vllm_service_api_allowed_networks": "192.0.2.0/28"}) is None

@@ -148,7 +148,7 @@ def test_a_node_whose_ssh_does_not_answer_is_one_line_naming_it_with_no_tracebac
         from twinspark import inventory
         from twinspark.health import remote
         node = lambda name, role: inventory.Node(name, role, "127.0.0.1", {closing_port}, "root", None, True)
-        pair = inventory.Pair(head=node("node1", "head"), worker=node("node2", "worker"), api_url="http://127.0.0.1:9")
+        pair = inventory.PairAccess(head=node("node1", "head"), worker=node("node2", "worker"), api_url="http://127.0.0.1:9")
         outcome = remote.sweep(pair, timeout=2)
         print(sorted(outcome.errors))
         print(outcome.errors["node2"])

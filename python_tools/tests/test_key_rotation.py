@@ -249,7 +249,7 @@ def worker_sshd(tmp_path):
 
 
 def _ssh(pid: int, directory: Path, key: Path) -> subprocess.CompletedProcess:
-    """The guard's ssh (twinspark.pair.io.Pair.worker's options) inside sshd's namespace, asking `state`."""
+    """The guard's ssh (twinspark.pair.io.LivePair.worker's options) inside sshd's namespace, asking `state`."""
     return subprocess.run(["nsenter", f"--target={pid}", "--net", "--", "ssh", "-i", str(key), "-o", "BatchMode=yes",
                            "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=yes",
                            "-o", f"UserKnownHostsFile={directory / 'known_hosts'}", "-o", "LogLevel=ERROR",

@@ -253,7 +253,7 @@ def test_a_restart_forgets_the_counters_of_the_processes_it_replaced():
 # --- the I/O order of one run -----------------------------------------------------------------------------------
 
 
-class ScriptedPair(pair_io.Pair):
+class ScriptedPair(pair_io.LivePair):
     """Both units active; /metrics and the probe answer from scripts, recording what was asked and when."""
 
     def __init__(self, samples, probe):
@@ -417,23 +417,23 @@ def guarded(tmp_path, monkeypatch):
     env.write_text(f"VLLM_HOST=127.0.0.1\nVLLM_PORT={vllm.port}\nSERVED_MODEL_NAME=tiny\nMAX_MODEL_LEN=512\n")
     state_file = tmp_path / "state.json"
     restarts: list[str] = []
-    monkeypatch.setattr(pair_io.Pair, "head_props",
+    monkeypatch.setattr(pair_io.LivePair, "head_props",
                         lambda self: {"ActiveState": "active", "ActiveEnterTimestampMonotonic": "1"})
-    monkeypatch.setattr(pair_io.Pair, "worker", lambda self, verb: "active")
+    monkeypatch.setattr(pair_io.LivePair, "worker", lambda self, verb: "active")
     # The guard's key as site.yml leaves it, and a rank unit whose executable is there: nothing holds a restart back.
     key = tmp_path / "id_ed25519"
     key.write_text("key\n")
     key.chmod(0o600)
-    monkeypatch.setattr(pair_io.Pair, "exec_start",
+    monkeypatch.setattr(pair_io.LivePair, "exec_start",
                         lambda self: f"{{ path={sys.executable} ; argv[]={sys.executable} }}")
-    probe = pair_io.Pair.probe
+    probe = pair_io.LivePair.probe
 
     def timed_probe(self, timeout_s):
         vllm.probe_timeouts.append(timeout_s)
         return probe(self, timeout_s)
 
     vllm.probe_timeouts = []
-    monkeypatch.setattr(pair_io.Pair, "probe", timed_probe)
+    monkeypatch.setattr(pair_io.LivePair, "probe", timed_probe)
 
     def fake_restart(pair, ready_timeout_s, probe_timeout_s):
         restarts.append("ordered restart")

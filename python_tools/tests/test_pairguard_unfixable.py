@@ -229,8 +229,8 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
-def fabric_pair(class_net: Path, port: int, peer: str | None = "127.0.0.1") -> pair_io.Pair:
-    return pair_io.Pair(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
+def fabric_pair(class_net: Path, port: int, peer: str | None = "127.0.0.1") -> pair_io.LivePair:
+    return pair_io.LivePair(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
                    fabric_ifnames=["ic0"], fabric_peer=peer, class_net=class_net, fabric_port=port,
                    fabric_timeout_s=0.5)
 
@@ -264,7 +264,7 @@ def test_a_run_that_cannot_look_at_an_interface_says_so_and_holds_nothing_back(t
     assert "cannot look at fabric interface ic0" in capsys.readouterr().err
 
 
-class ScriptedUnits(pair_io.Pair):
+class ScriptedUnits(pair_io.LivePair):
     """The units and the API stood in for (no systemd or vLLM here); the fabric read for real."""
 
     def __init__(self, class_net: Path, port: int, probe: Generation, worker_answers: dict[str, object]):
@@ -348,7 +348,7 @@ def test_a_head_is_not_called_alone_without_the_evidence(served, invocation, wor
 
 
 def test_the_served_record_round_trips_and_an_unreadable_one_is_ignored(tmp_path, capsys):
-    pair = pair_io.Pair(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
+    pair = pair_io.LivePair(api=rules.Api("http://127.0.0.1:9", "tiny", None), worker_addresses=["127.0.0.1"],
                         served_file=str(tmp_path / "guard" / pair_io.SERVED_FILE_NAME))
     assert pair.served() is None
     pair.remember_served("head-a")

@@ -232,7 +232,7 @@ def test_a_start_that_cannot_take_the_lock_leaves_the_pause_alone(on_head):
 def test_a_paused_guard_drains_its_kicks_and_does_not_look(on_head, monkeypatch, capsys):
     """A kick (a real datagram over loopback) wakes a paused guard: it empties the socket and does nothing else."""
     looked = []
-    monkeypatch.setattr(pair_io.Pair, "observe", lambda self, *a, **k: looked.append("observe"))
+    monkeypatch.setattr(pair_io.LivePair, "observe", lambda self, *a, **k: looked.append("observe"))
     monkeypatch.setattr(pair_cli, "_pair_from_args", lambda args: looked.append("env") or on_head["head"])
     pl.write_pause(on_head["pause"], "stopped by playbooks/stop.yml", "ops")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -101,8 +101,8 @@ def head(tmp_path: Path, monkeypatch):
     env = tmp_path / "serve.env"
     env.write_text("VLLM_HOST=127.0.0.1\nVLLM_PORT=9\nSERVED_MODEL_NAME=tiny\n")
     looked: list[str] = []
-    monkeypatch.setattr(pair_io.Pair, "observe", lambda self, *a, **k: looked.append("observe") or rules.Observation(
-        "failed", "active"))
+    monkeypatch.setattr(pair_io.LivePair, "observe",
+                        lambda self, *a, **k: looked.append("observe") or rules.Observation("failed", "active"))
     monkeypatch.setattr(pl, "ordered_restart", lambda pair, *a, **k: (looked.append("restart") or (True, "ok")))
     monkeypatch.setattr(pl, "preflight", lambda pair, steps: "")  # no real worker here (tests/test_pair_safety.py)
     monkeypatch.setattr(guard, "restart_blocker", lambda pair: None)  # no guard key here (test_pairguard_unfixable.py)

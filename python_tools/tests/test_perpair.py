@@ -136,17 +136,18 @@ def test_the_simulated_pair_resolves_as_before():
 
 def test_own_pair_rule_one_pair_and_fleet():
     one = {"all": ["h", "w"], "twinspark_head": ["h"], "twinspark_worker": ["w"]}
-    assert fleet.own_pair("w", {}, one) == fleet.Pair("twinspark_pair", "h", "w")
+    assert fleet.own_pair("w", {}, one) == fleet.FleetPair("twinspark_pair", "h", "w")
     # groups the one-pair rule refuses are read as the roles always read them (first host of each), never raised
     # here: playbooks/validate.yml refuses them before any host is touched
-    assert fleet.own_pair("h", {}, {**one, "twinspark_head": ["h", "h2"]}) == fleet.Pair("twinspark_pair", "h", "w")
+    assert fleet.own_pair("h", {}, {**one, "twinspark_head": ["h", "h2"]}) == fleet.FleetPair("twinspark_pair", "h",
+                                                                                                "w")
     partial = fleet.own_pair("h", {}, {"all": ["h"], "twinspark_head": ["h"]})
-    assert partial == fleet.Pair("twinspark_pair", "h", "") and partial.hosts == ["h"]
+    assert partial == fleet.FleetPair("twinspark_pair", "h", "") and partial.hosts == ["h"]
     named = {h: {"twinspark_pair_name": p} for h, p in (("a1", "pa"), ("a2", "pa"), ("b1", "pb"), ("b2", "pb"))}
     groups = {"all": [*named, "r"], "pa": ["a1", "a2"], "pb": ["b1", "b2"], "twinspark_head": ["a1", "b1"],
               "twinspark_worker": ["a2", "b2"], "twinspark_router": ["r"]}
-    assert fleet.own_pair("b2", named, groups) == fleet.Pair("pb", "b1", "b2")
-    assert fleet.own_pair("a1", named, groups) == fleet.Pair("pa", "a1", "a2")
+    assert fleet.own_pair("b2", named, groups) == fleet.FleetPair("pb", "b1", "b2")
+    assert fleet.own_pair("a1", named, groups) == fleet.FleetPair("pa", "a1", "a2")
     assert fleet.own_pair("r", named, groups) is None
 
 

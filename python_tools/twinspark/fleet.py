@@ -51,7 +51,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True)
-class Pair:
+class FleetPair:
     name: str
     head: str
     worker: str
@@ -72,7 +72,7 @@ def is_fleet(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
     return any(host_vars.get(host, {}).get(PAIR_VAR) not in (None, "") for host in nodes)
 
 
-def pair_groups(pair: Pair) -> dict[str, list[str]]:
+def pair_groups(pair: FleetPair) -> dict[str, list[str]]:
     """The groups view of one pair alone, as the one-pair rules read it."""
     return {HEAD_GROUP: [pair.head], WORKER_GROUP: [pair.worker], "all": [pair.head, pair.worker]}
 
@@ -89,13 +89,13 @@ def _port(host_vars: Mapping[str, Any], var: str, default: int) -> int | None:
         return None
 
 
-def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> tuple[list[Pair],
+def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> tuple[list[FleetPair],
                                                                                                    list[str]]:
     """The well-formed pairs and the problems of the rest (pair membership rules only)."""
     heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
     if not is_fleet(host_vars, groups):
         if len(heads) == 1 and len(workers) == 1 and heads != workers:
-            return [Pair(SINGLE_PAIR, heads[0], workers[0])], []
+            return [FleetPair(SINGLE_PAIR, heads[0], workers[0])], []
         return [], []  # the one-pair rules (group_problems) say what is wrong, as they always have
     problems: list[str] = []
     names: dict[str, list[str]] = {}
@@ -123,7 +123,7 @@ def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Seque
         if len(inside) > 1:
             problems.append(f"{host}: is in two pairs ({', '.join(inside)}); a node belongs to exactly one pair, "
                             "remove it from all but one of those groups")
-    found: list[Pair] = []
+    found: list[FleetPair] = []
     for name in sorted(names):
         members = names[name]
         pair_heads = [h for h in members if h in heads]
@@ -140,20 +140,21 @@ def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Seque
             problems.append(f"pair {name}: {', '.join(both)} is in both {HEAD_GROUP} and {WORKER_GROUP}; the head "
                             "and the worker must be two different hosts")
         if not broken:
-            found.append(Pair(name, pair_heads[0], pair_workers[0]))
+            found.append(FleetPair(name, pair_heads[0], pair_workers[0]))
     return found, problems
 
 
-def own_pair(host: str, host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> Pair | None:
+def own_pair(host: str, host_vars: Mapping[str, Mapping[str, Any]],
+             groups: Mapping[str, Sequence[str]]) -> FleetPair | None:
     """The pair `host` belongs to. On a fleet inventory: the well-formed pair (pairs()) holding it, None when no such
     pair holds it. On a one-pair inventory: the one pair, named SINGLE_PAIR (nodeenv.pair_hosts); when its groups are
     not exactly one head and one worker (a role run on one host, say), the first host of each group, "" for an empty
     one, exactly as the roles always read it: playbooks/validate.yml and the roles' asserts name what is wrong."""
     if not is_fleet(host_vars, groups):
         if not nodeenv.group_problems(groups):
-            return Pair(SINGLE_PAIR, *nodeenv.pair_hosts(groups))
+            return FleetPair(SINGLE_PAIR, *nodeenv.pair_hosts(groups))
         heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
-        return Pair(SINGLE_PAIR, heads[0] if heads else "", workers[0] if workers else "")
+        return FleetPair(SINGLE_PAIR, heads[0] if heads else "", workers[0] if workers else "")
     return next((pair for pair in pairs(host_vars, groups)[0] if host in (pair.head, pair.worker)), None)
 
 
@@ -173,7 +174,7 @@ def placement_problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mappi
     return lines
 
 
-def router_pairs(router_vars: Mapping[str, Any], known: Sequence[Pair]) -> tuple[list[Pair], list[str]]:
+def router_pairs(router_vars: Mapping[str, Any], known: Sequence[FleetPair]) -> tuple[list[FleetPair], list[str]]:
     """The pairs one router fronts, and the problems of its twinspark_router_pairs."""
     chosen = router_vars.get(ROUTER_PAIRS_VAR)
     if chosen is None:
@@ -281,7 +282,7 @@ def _secret(value: Any) -> str:
     return "" if value is None else str(value).strip()
 
 
-def admin_key_problems(host_vars: Mapping[str, Mapping[str, Any]], found: Sequence[Pair],
+def admin_key_problems(host_vars: Mapping[str, Mapping[str, Any]], found: Sequence[FleetPair],
                        routers: Sequence[str]) -> list[str]:
     """Each router needs an admin key of its own (its front refuses the client key on the admin paths), and each
     head it fronts the same key for its drain. One line per problem, never a key."""
@@ -310,7 +311,7 @@ def admin_key_problems(host_vars: Mapping[str, Mapping[str, Any]], found: Sequen
     return lines
 
 
-def router_admission_problem(router: str, router_vars: Mapping[str, Any], pair: Pair,
+def router_admission_problem(router: str, router_vars: Mapping[str, Any], pair: FleetPair,
                              head_vars: Mapping[str, Any]) -> str | None:
     """A problem when the pair's API firewall would refuse the router; None when it admits it, or when the router's
     address is a name (not checkable here)."""

@@ -42,7 +42,7 @@ class Node:
 
 
 @dataclass(frozen=True)
-class Pair:
+class PairAccess:
     head: Node
     worker: Node
     api_url: str
@@ -122,7 +122,7 @@ def read_fleet(source: str | Path) -> FleetView | None:
                      router, tuple(problems), admin)
 
 
-def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
+def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:
     """The head, the worker and the API URL from an Ansible inventory (any source Ansible reads). In a fleet,
     `pair` names the pair (its group); a one-pair inventory needs none."""
     # ansible: a controller extra (twinspark[controller]), absent from the nodes' venv.
@@ -172,7 +172,7 @@ def read_inventory(source: str | Path, pair: str | None = None) -> Pair:
     worker, _ = node(worker_name, "worker")
     port = api_port(head_vars["value"], source)
     ca = head_vars["api_ca"]
-    return Pair(head=head, worker=worker, api_url=api.base_url(head.host, port, tls=ca is not None), api_ca=ca)
+    return PairAccess(head=head, worker=worker, api_url=api.base_url(head.host, port, tls=ca is not None), api_ca=ca)
 
 
 def api_port(value: Callable[[str], object], source: str | Path = "the inventory") -> int:
@@ -266,7 +266,7 @@ def default_inventory() -> str:
     return sources[0] if isinstance(sources, list) and sources else str(sources)
 
 
-def head_env(pair: Pair, timeout: float) -> dict[str, str]:
+def head_env(pair: PairAccess, timeout: float) -> dict[str, str]:
     """The head's env files over SSH (raises what SSH or reading raised); secrets stay in this process."""
     with Connection(pair.head, timeout) as connection:
         return read_remote_env(connection, timeout)

@@ -52,7 +52,7 @@ def _members(groups: Groups, name: str) -> list[str]:
     return [str(host) for host in groups.get(name) or []]
 
 
-def pairs(host_vars: HostVars, groups: Groups) -> list[fleet.Pair]:
+def pairs(host_vars: HostVars, groups: Groups) -> list[fleet.FleetPair]:
     """The well-formed pairs of the inventory (one for a one-pair inventory, every named pair of a fleet)."""
     return fleet.pairs(host_vars, groups)[0]
 
@@ -89,7 +89,7 @@ def _layout(host: str, host_vars: HostVars) -> layout.Layout:
     return layout.from_vars(host_vars.get(host, {}))
 
 
-def pair_label(pair: fleet.Pair, host_vars: HostVars, groups: Groups) -> str:
+def pair_label(pair: fleet.FleetPair, host_vars: HostVars, groups: Groups) -> str:
     """The `pair` label of a pair's targets: the head's twinspark_layout_pair_id when the inventory sets it, else
     on a fleet the pair's name (its group), else the layout's pair_id."""
     head = host_vars.get(pair.head, {})

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from twinspark import api
-from twinspark.inventory import Connection, Node, Pair, describe_ssh_error, read_remote_env
+from twinspark.inventory import Connection, Node, PairAccess, describe_ssh_error, read_remote_env
 
 
 def start_agent(connection: Connection, timeout: float) -> Callable[[], dict[str, object]]:
@@ -47,7 +47,7 @@ class SweepResult:
     pair: dict[str, object] | None
 
 
-def sweep(pair: Pair, timeout: float, nodes: bool = True, probe_pair: bool = True) -> SweepResult:
+def sweep(pair: PairAccess, timeout: float, nodes: bool = True, probe_pair: bool = True) -> SweepResult:
     """Both nodes' agents and the pair's API, all at once. Each part's failure is recorded, never raised."""
     head_env: Future = Future()
     reports: dict[str, dict[str, object]] = {}

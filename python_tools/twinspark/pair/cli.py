@@ -16,7 +16,7 @@ from pathlib import Path
 from twinspark import api as head_api
 from twinspark import drain, envfile, layout
 from twinspark.pair import guard, lifecycle, textfile
-from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, Pair, log
+from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, LivePair, log
 from twinspark.pair.rules import (
     Generation,
     GuardState,
@@ -41,18 +41,18 @@ def _read_env(paths: Sequence[str]) -> dict[str, str]:
     return dict(read.values)
 
 
-def _pair_from_args(args: argparse.Namespace) -> Pair:
+def _pair_from_args(args: argparse.Namespace) -> LivePair:
     env = _read_env(args.env)
     api = head_api.api_from_env(env)
     # the router's admin key (its front refuses the clients' key on the admin paths), never the pair's API key
     ref = drain.router_from_env(env, drain.read_key(Path(layout.current().router_drain_key)))
-    return Pair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
+    return LivePair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
                 known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
                 fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env,
                 served_file=str(Path(args.state_file).with_name(SERVED_FILE_NAME)))
 
 
-def _pair_or_none(args: argparse.Namespace, what: str) -> Pair | None:
+def _pair_or_none(args: argparse.Namespace, what: str) -> LivePair | None:
     """The pair from the command line, or None after one error line naming what is wrong (the caller exits 2)."""
     try:
         return _pair_from_args(args)

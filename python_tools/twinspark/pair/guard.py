@@ -28,7 +28,7 @@ active.
 
 The rules (`assess`, `decide`, `after_restart`, `track`, `probe_plan`) are pure functions over plain data in
 pair/rules.py; this module is one guard run around them (look, decide, act, remember) and its state file.
-systemctl, SSH and HTTP sit in `Pair` (pair/io.py), which the rules never see; the ordered steps, the lock and the
+systemctl, SSH and HTTP sit in `LivePair` (pair/io.py), which the rules never see; the ordered steps, the lock and the
 pause are pair/lifecycle.py's; the command line is pair/cli.py's.
 """
 
@@ -47,7 +47,7 @@ from pathlib import Path
 from twinspark import api as head_api
 from twinspark import atomic, drain, firewall, layout
 from twinspark.pair import lifecycle, textfile
-from twinspark.pair.io import Pair, guard_key_problem, log, router_of
+from twinspark.pair.io import LivePair, guard_key_problem, log, router_of
 from twinspark.pair.rules import (
     Action,
     Generation,
@@ -102,7 +102,7 @@ def save_state(path: Path, state: GuardState) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def restart_blocker(pair: Pair) -> str | None:
+def restart_blocker(pair: LivePair) -> str | None:
     """A cause no ordered restart can cure, found cheaply on the head, in one line with its fix; None when none.
 
     The guard's SSH key must be one ssh accepts (0600, owned by whoever runs ssh: ssh ignores any other), the
@@ -132,7 +132,7 @@ def free_bytes(path: str) -> int | None:
         return None
 
 
-def run_restart(pair: Pair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
+def run_restart(pair: LivePair, args: argparse.Namespace, state: GuardState, policy: Policy, reason: str,
                  by_operator: bool = False) -> tuple[GuardState, bool]:
     """One ordered restart, drained from the router when the pair has one. `by_operator`: a restart that clears
     a give-up when it works, so a pair that serves again goes back in even if the guard had given up on it."""
@@ -202,7 +202,7 @@ def report(args: argparse.Namespace, state: GuardState, policy: Policy, decision
                                                        pause.by if pause else "", pause.reason if pause else ""), log)
 
 
-def run(args: argparse.Namespace, pair: Pair, policy: Policy, inbox: lifecycle.KickInbox, trigger: str,
+def run(args: argparse.Namespace, pair: LivePair, policy: Policy, inbox: lifecycle.KickInbox, trigger: str,
                woken: bool = False) -> int:
     """One guard run under the lifecycle lock: look, decide, act, remember. `woken`: a rank's kick started this run
     (then a stopping rank is given time to finish stopping before the pair is judged)."""

@@ -1,7 +1,7 @@
 """The pair as the head sees it: its own rank's unit through systemctl, the worker's rank through its forced SSH
 command, the head's API through twinspark.api, and the fabric in sysfs and over one TCP connect.
 
-`Pair` is the one I/O class the guard and the lifecycle commands act through (tests stand in for it with the same
+`LivePair` is the one I/O class the guard and the lifecycle commands act through (tests stand in for it with the same
 methods); the rules that judge what it sees are pure and live in twinspark.pair.rules.
 """
 
@@ -63,7 +63,7 @@ def log(priority: int, message: str) -> None:
 
 
 @dataclass
-class Pair:
+class LivePair:
     """The real pair: the head's unit through systemctl, the worker's through its forced SSH command, the API."""
 
     api: Api
@@ -275,6 +275,6 @@ def guard_key_problem(key: str | None) -> str | None:
     return key_problem(info.st_mode, info.st_uid, os.geteuid(), key)
 
 
-def router_of(pair: Pair) -> drain.Router | None:
+def router_of(pair: LivePair) -> drain.Router | None:
     """The pair's router; a pair-like object without one (a stand-in) has none, like a pair without a router."""
     return getattr(pair, "router", None)

@@ -12,7 +12,7 @@ on stay queued; systemd starts one more run when the current one ends, and that 
 of kicks costs at most one extra run. The timer stays as the safety net (a lost datagram, a socket not running).
 
 Rules (`summarize`, `listen_fds`, `trigger_line`, `parse_target`, `steps`, `put_back`, `restart_reasons`) are pure;
-sockets sit in `KickInbox` and `kick`, and every step on the pair goes through `Pair` (pair/io.py).
+sockets sit in `KickInbox` and `kick`, and every step on the pair goes through `LivePair` (pair/io.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from twinspark import atomic, drain, layout, safeio
 from twinspark import memfit as planner
-from twinspark.pair.io import Pair, guard_key_problem, log, router_of
+from twinspark.pair.io import LivePair, guard_key_problem, log, router_of
 from twinspark.pair.rules import Generation
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
@@ -504,7 +504,7 @@ def guard_after_start(path: str, what: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def run_steps(pair: Pair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart") -> tuple[bool, str]:
+def run_steps(pair: LivePair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart") -> tuple[bool, str]:
     """Carry out `steps` in order: the head through systemctl, the worker through its forced command.
 
     Returns (ok, what was done). At the first step that fails (the worker unreachable, a systemctl or forced command
@@ -529,7 +529,7 @@ def _done_words(done: Sequence[tuple[str, str]]) -> list[str]:
     return [f"{rank} {'stopped' if verb == 'stop' else 'started'}" for rank, verb in done]
 
 
-def _step(pair: Pair, rank: str, verb: str) -> str:
+def _step(pair: LivePair, rank: str, verb: str) -> str:
     """One step; '' when it worked, else why not."""
     try:
         if rank == HEAD:
@@ -543,7 +543,7 @@ def _step(pair: Pair, rank: str, verb: str) -> str:
     return ""
 
 
-def _put_back(pair: Pair, steps: Sequence[tuple[str, str]], what: str) -> str:
+def _put_back(pair: LivePair, steps: Sequence[tuple[str, str]], what: str) -> str:
     """Start again the ranks a failed run stopped; a line saying what came back and what could not."""
     said = []
     for rank, verb in steps:
@@ -553,7 +553,7 @@ def _put_back(pair: Pair, steps: Sequence[tuple[str, str]], what: str) -> str:
     return "put back what this run stopped: " + ", ".join(said)
 
 
-def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
+def preflight(pair: LivePair, steps: Sequence[tuple[str, str]]) -> str:
     """Before any step: prove each one can run. '' when they can, else the cause and its fix (nothing touched).
 
     The head's unit must be installed; a start must fit the node's memory (twinspark plan, unless
@@ -589,7 +589,7 @@ def preflight(pair: Pair, steps: Sequence[tuple[str, str]]) -> str:
     return ""
 
 
-def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
+def wait_serving(pair: LivePair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  worker_every_s: float = 5.0) -> tuple[bool, str]:
     """Wait until the head answers a generation; gives up early when a rank's unit leaves `active`.
@@ -627,7 +627,7 @@ def wait_serving(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, pol
         sleep(poll_s)
 
 
-def ordered_restart(pair: Pair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
+def ordered_restart(pair: LivePair, ready_timeout_s: float, probe_timeout_s: float, poll_s: float = 0.5,
                     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                     ) -> tuple[bool, str]:
     """Stop head, stop worker, start worker, start head, then wait until the head answers a generation.
@@ -685,7 +685,7 @@ def pause_guard(path: str, reason: str, expires_in_s: float | None = None) -> in
     return 0
 
 
-def run_verb(args: argparse.Namespace, pair: Pair, verb: str) -> int:
+def run_verb(args: argparse.Namespace, pair: LivePair, verb: str) -> int:
     """`twinspark pair start|stop|restart --no-wait`: the ordered steps under the lifecycle lock."""
     what = f"twinspark pair {verb}"
     if verb == "stop":  # an operator's stop must stay stopped: the guard would otherwise restart the pair at once
