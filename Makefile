@@ -100,9 +100,9 @@ sim-upgrade: setup
 sim-fleet: setup
 	scripts/sim/fleet-check
 
-# CI's share of it, as its own molecule scenario (molecule/fleet): one pair and the router node (inventory/sim-fleet-1)
-# created and converged by site.yml, then one chat through the router and the key on every path. Holds the pair's
-# lock, as every playbook run against it does.
+# CI's share of it, as its own molecule scenario (molecule/fleet): two pairs and the router node created and converged
+# by site.yml, then one chat through the router and the key on every path. Holds the pair's lock, as every playbook
+# run against it does.
 sim-test-fleet: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name fleet
 

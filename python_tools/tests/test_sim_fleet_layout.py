@@ -68,14 +68,6 @@ def test_the_committed_fleet_inventory_is_the_generators_two_pair_output():
         "regenerate: python3 scripts/sim/fleet-inventory.py 2 > inventory/sim-fleet/hosts.yml"
 
 
-def test_cis_one_pair_fleet_inventory_is_the_generators_one_pair_output():
-    """molecule/fleet (CI's fleet smoke) runs on one pair and the router node."""
-    assert GENERATOR.hosts_yml(1) == (ROOT / "inventory" / "sim-fleet-1" / "hosts.yml").read_text(), \
-        "regenerate: python3 scripts/sim/fleet-inventory.py 1 > inventory/sim-fleet-1/hosts.yml"
-    assert (ROOT / "inventory" / "sim-fleet-1" / "group_vars" / "all").resolve() == \
-        (ROOT / "inventory" / "sim" / "group_vars" / "all").resolve()
-
-
 @pytest.mark.parametrize("pairs", [1, 3, 5])
 def test_a_generated_fleet_validates_with_its_router_in_front_of_every_pair(tmp_path, pairs):
     assert GENERATOR.main([str(pairs), "--write", str(tmp_path / "fleet")]) == 0
