@@ -15,7 +15,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import budget, envfile, fleet, nodeenv, settings, tls, wheelhouse
+from twinspark import budget, envfile, fleet, nodeenv, recipe, settings, tls, wheelhouse
 
 # Parsed once, when the plugin loads: callback_plugins/twinspark_plugin_preload.py loads it in ansible-playbook's own
 # process, so each task's forked worker inherits the parsed registry instead of parsing settings.yml again.
@@ -163,13 +163,18 @@ def twinspark_env_file(env, file):
             if (registry.get(key) is not None and registry[key].file == file)}
 
 
-def twinspark_knob_default(env, profile=None):
-    """The registry's default of knob `env` under `profile` (the default profile when none), '' when it has none
-    there: for a role default that follows a knob, e.g. `twinspark_hf_home | default('HF_HOME' | twinspark_knob_default)`,
-    so the value itself is written only in settings.yml."""
+def twinspark_knob_default(env, profile=None, recipe_name=None):
+    """The default of knob `env` under `profile` (the default profile when none) and recipe `recipe_name` (that
+    profile's default recipe when none), '' when it has none there: for a role default that follows a knob, e.g.
+    `twinspark_model | default('MODEL' | twinspark_knob_default(twinspark_profile | default(''),
+    twinspark_recipe | default('')))`, so the value itself is written only in settings.yml or the recipe."""
     if settings.load().get(str(env)) is None:
         raise AnsibleFilterError(f"twinspark_knob_default: {env!r} is not a knob of settings.yml")
-    value = settings.knob_default(str(env), str(profile) if profile else None)
+    try:
+        value = recipe.knob_default(str(env), str(profile) if profile else None,
+                                    str(recipe_name) if recipe_name else None)
+    except recipe.RecipeError as error:
+        raise AnsibleFilterError(str(error)) from None
     return "" if value is None else value
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import budget, generate, launcher, nodeenv, routerconf, settings, validate
+from twinspark import budget, generate, launcher, nodeenv, recipe, routerconf, settings, validate
 
 ROOT = generate.repo_root()
 ROLE = ROOT / "roles" / "vllm_service"
@@ -101,10 +101,9 @@ def test_the_env_file_carries_the_budget_and_vllm_gets_the_derived_waits(profile
 
 
 def test_no_fixed_environment_sets_a_derived_vllm_wait():
-    registry = settings.load()
-    for profile in settings.PROFILES:
-        for flavour in settings.FLAVOURS:
-            assert not set(budget.VLLM_ENV) & set(registry.fixed_env(profile, flavour)), (profile, flavour)
+    for name, chosen in recipe.catalogue().items():
+        for flavour in chosen.flavours:
+            assert not set(budget.VLLM_ENV) & set(recipe.fixed_env(chosen.profile, flavour, name)), (name, flavour)
 
 
 @pytest.mark.parametrize("name", budget.VLLM_ENV)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import generate, layout, settings
+from twinspark import generate, layout, recipe
 
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -101,14 +101,20 @@ def test_the_routers_default_ports_are_written_in_the_layout_only(name):
         f"twinspark.layout (Python) or layout_value {name} (scripts/sim)")
 
 
-@pytest.mark.parametrize("env", ["HF_HOME", "MODEL", "MODEL_REVISION"])
-def test_each_pinned_default_is_written_in_settings_only(env):
-    """HF_HOME and the model pin (the default profile's MODEL and MODEL_REVISION) live in settings.yml: Python reads
-    them through twinspark.settings (model.py's PINNED_*), Ansible through the filter twinspark_knob_default."""
-    value = settings.knob_default(env)
-    assert value and _places(value) == SETTINGS_DEFINING, (
-        f"{value} ({env}'s default) is spelled outside settings.yml; use settings.knob_default({env!r}) (Python) or "
-        f"'{env}' | twinspark_knob_default (YAML)")
+@pytest.mark.parametrize(("env", "defining"), [
+    ("HF_HOME", SETTINGS_DEFINING),
+    ("MODEL", {"python_tools/twinspark/recipes/deepseek-v4-flash.yml", "roles/serve_env/meta/argument_specs.yml"}),
+    ("MODEL_REVISION", {"python_tools/twinspark/recipes/deepseek-v4-flash.yml",
+                        "roles/serve_env/meta/argument_specs.yml"}),
+])
+def test_each_pinned_default_is_written_in_settings_or_its_recipe_only(env, defining):
+    """HF_HOME lives in settings.yml, the model pin (the default recipe's MODEL and MODEL_REVISION) in the recipe's
+    file: Python reads them through twinspark.recipe.knob_default (model.py's PINNED_*), Ansible through the filter
+    twinspark_knob_default."""
+    value = recipe.knob_default(env)
+    assert value and _places(value) == defining, (
+        f"{value} ({env}'s default) is spelled outside {sorted(defining)}; use recipe.knob_default({env!r}) "
+        f"(Python) or '{env}' | twinspark_knob_default (YAML)")
 
 
 def test_the_default_profile_is_written_once():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import apikeys, envfile, generate, settings, validate
+from twinspark import apikeys, envfile, generate, recipe, settings, validate
 
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -122,7 +122,7 @@ def test_example_inventory_comments_show_the_registry_defaults():
         if knob.env == "NCCL_IB_GID_INDEX" or knob.type == "keys":
             continue
         assert knob.concern == concern, f"{name} belongs in {knob.concern}.yml"
-        default = knob.default_for("gb10")
+        default = recipe.default_value(knob, "gb10")  # the default recipe's value, else the profile's
         assert settings.to_env_text(value) == (default or ""), name
 
 

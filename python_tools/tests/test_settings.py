@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twinspark import cli, generate, settings
+from twinspark import cli, generate, recipe, settings
 
 RECIPE_KNOBS = [
     # Cluster and fabric
@@ -37,8 +37,7 @@ def test_inventory_variables_follow_the_naming_rule():
 
 
 def test_profile_defaults_from_the_brief():
-    registry = settings.load()
-    gb10, cpu = registry.defaults("gb10", 0), registry.defaults("cpu", 1)
+    gb10, cpu = recipe.defaults("gb10", 0), recipe.defaults("cpu", 1)
     assert gb10["MODEL"] == "deepseek-ai/DeepSeek-V4-Flash-0731"
     assert gb10["MODEL_REVISION"] == "9e165c30e2704aec5d9d593cce3eebd58bbef1cb"
     assert gb10["VLLM_NCCL_SO_PATH"] == "/usr/lib/aarch64-linux-gnu/libnccl.so.2"

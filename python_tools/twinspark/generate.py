@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from twinspark import budget, layout, settings
+from twinspark import budget, layout, recipe, settings
 from twinspark.settings import Knob, Registry
 
 CONFIG_MD = Path("docs/CONFIG.md")
@@ -64,6 +64,9 @@ def _default_text(knob: Knob, profile: str) -> str:
         return "head `{}`, worker `{}`".format(*raw["by_rank"])
     if knob.derived:
         return "derived"
+    default_recipe = recipe.chosen(profile)
+    if knob.env in default_recipe.knob_defaults():
+        return f"`{default_recipe.knob_defaults()[knob.env]}` (recipe {default_recipe.name})"
     if raw is None:
         return f"= {knob.default_from}" if knob.default_from else "absent"
     return f"`{settings.to_env_text(raw)}`"
@@ -192,9 +195,9 @@ def _flavour_section(registry: Registry) -> list[str]:
         "",
         "## Fixed per runtime flavour",
         "",
-        "`TWINSPARK_RUNTIME_FLAVOUR` adds these after the profile's own flags and variables. Under `stock` every",
-        "flag is checked against vLLM 0.33.0's own code by `make test` (python_tools/tests/test_vllm_parser.py) and,",
-        "on a node, by `twinspark runtime check`. File:line references are to the vllm 0.33.0 wheel.",
+        "`TWINSPARK_RUNTIME_FLAVOUR` picks the runtime; the flags and variables each flavour adds are the recipe's",
+        "(its `flavours:` entries, with the evidence for each value: docs/RECIPES.md). Under `stock` every flag is",
+        "checked against vLLM 0.33.0's own code by `make test` and, on a node, by `twinspark runtime check`.",
     ]
     for name, flavour in registry.flavours.items():
         lines += ["", f"### {name}", "", flavour.doc, ""]

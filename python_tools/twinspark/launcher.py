@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinspark import api, budget, envfile, layout, settings, validate
+from twinspark import api, budget, envfile, layout, recipe, settings, validate
 from twinspark.fabric import gid, sysfs
 from twinspark.fabric.gid import match_ip as gid_match_ip
 from twinspark.settings import Registry
@@ -137,8 +137,8 @@ def build_command(
     if values.get("NODE_RANK") == "1":
         argv.append("--headless")
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
-    argv += registry.profiles[profile].fixed_args
-    argv += registry.flavour_args(profile, flavour)
+    chosen = values.get(recipe.RECIPE_ENV) or None  # validated: a recipe of this profile; None: its default
+    argv += recipe.fixed_args(profile, flavour, chosen, registry)[len(registry.common_args):]
     if "MTP_NUM_TOKENS" in values:
         mtp = int(values["MTP_NUM_TOKENS"])
         if "MAX_NUM_SEQS" in values:
@@ -153,12 +153,12 @@ def build_command(
         value = values.get(knob.env)
         if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
-    env.update(registry.fixed_env(profile, flavour))
+    env.update(recipe.fixed_env(profile, flavour, chosen, registry))
     if values.get(USAGE_STATS_ENV) == "1":  # the operator lets vLLM report usage: drop the fixed opt-outs
         for name in TELEMETRY_OFF:
             env.pop(name, None)
     # vLLM's own start-up waits, derived from the pair's one first-boot budget (twinspark/budget.py).
-    first_boot = values.get(budget.BUDGET_ENV) or registry[budget.BUDGET_ENV].default_for(profile)
+    first_boot = values.get(budget.BUDGET_ENV) or recipe.knob_default(budget.BUDGET_ENV, profile, chosen, registry)
     env.update(budget.vllm_env(profile, first_boot or ""))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)
     unset += [name for name in TELEMETRY_OFF if name not in env]  # not even an inherited opt-out, when allowed

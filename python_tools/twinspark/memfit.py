@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from twinspark import envfile, safeio, settings, validate
+from twinspark import envfile, recipe, safeio, settings, validate
 from twinspark import model as checkpoint
 from twinspark.doctor import collect
 
@@ -110,10 +110,10 @@ class Plan:
 
 
 def kv_cache_dtype(values: Mapping[str, str], registry: settings.Registry | None = None) -> str:
-    """The --kv-cache-dtype the node's profile and runtime flavour pass (settings.yml's fixed flags), or "auto"."""
-    registry = registry or settings.load()
-    args = list(registry.fixed_args(values.get("TWINSPARK_PROFILE", "gb10"),
-                                    values.get("TWINSPARK_RUNTIME_FLAVOUR") or "stock"))
+    """The --kv-cache-dtype the node's profile, recipe and runtime flavour pass (their fixed flags), or "auto"."""
+    args = list(recipe.fixed_args(values.get("TWINSPARK_PROFILE", "gb10"),
+                                  values.get("TWINSPARK_RUNTIME_FLAVOUR") or "stock",
+                                  values.get(recipe.RECIPE_ENV) or None, registry))
     return args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else "auto"
 
 
@@ -288,7 +288,13 @@ def plan_settings(raw: Mapping[str, str]) -> dict[str, str]:
     if profile not in settings.PROFILES or flavour not in settings.FLAVOURS:
         raise PlanInputError(f"TWINSPARK_PROFILE must be one of {', '.join(settings.PROFILES)} and "
                              f"TWINSPARK_RUNTIME_FLAVOUR one of {', '.join(settings.FLAVOURS)}")
-    values = registry.defaults(profile, None, flavour)
+    chosen = (raw.get(recipe.RECIPE_ENV) or "").strip() or None
+    if chosen is not None and (chosen not in recipe.catalogue() or recipe.get(chosen).profile != profile):
+        raise PlanInputError(f"{recipe.RECIPE_ENV}: {chosen!r} is not a {profile} recipe; known: "
+                             f"{', '.join(recipe.names(profile))}")
+    values = recipe.defaults(profile, None, flavour, chosen, registry)
+    if chosen is not None:
+        values[recipe.RECIPE_ENV] = chosen
     for name in PLANNED:
         knob = registry.get(name)
         if name in raw and knob is not None and knob.applies_to(profile) and raw[name].strip():

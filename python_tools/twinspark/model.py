@@ -23,18 +23,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from twinspark import atomic, settings
+from twinspark import atomic, recipe
 
-# The checkpoint and commit the published two-Spark configuration was measured with: the default profile's MODEL and
-# MODEL_REVISION in settings.yml. Leaving the revision unset pins to it; the empty string follows the default branch.
-PINNED_REPO_ID = str(settings.knob_default("MODEL"))
-PINNED_REVISION = str(settings.knob_default("MODEL_REVISION"))
+# The checkpoint and commit of the default profile's default recipe (twinspark/recipes/). Leaving the revision unset
+# pins to it; the empty string follows the default branch.
+PINNED_REPO_ID = str(recipe.knob_default("MODEL"))
+PINNED_REVISION = str(recipe.knob_default("MODEL_REVISION"))
 
 # huggingface_hub's defaults (10 s) time out against a busy hub on a 150 GB snapshot; these are the values the
 # published configuration used.
 DOWNLOAD_TIMEOUT_S = 120
 ETAG_TIMEOUT_S = 30
-DEFAULT_HF_HOME = str(settings.knob_default("HF_HOME"))  # the knob HF_HOME's default
+DEFAULT_HF_HOME = str(recipe.knob_default("HF_HOME"))  # the knob HF_HOME's default
 DEFAULT_TOKEN_ENV = "HF_TOKEN"
 DEFAULT_REF_BRANCH = "main"
 # Room left on the disk after the download: vLLM, TileLang and inductor caches share it.

@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from twinspark import settings, validate
+from twinspark import recipe, settings, validate
 from twinspark.settings import Knob, Registry
 
 RANKS = (0, 1)
@@ -245,7 +245,12 @@ def head_setting(host_vars: Mapping[str, Any], env: str, registry: Registry | No
     profile = (env_text(host_vars.get(profile_knob.var)) or "").strip() or profile_knob.default_for("gb10") or "gb10"
     text = env_text(host_vars.get(knob.var))
     if text is None or not text.strip():
-        return knob.default_for(profile, 0)
+        name = (env_text(host_vars.get(recipe.RECIPE_VAR)) or "").strip()
+        try:
+            chosen = recipe.chosen(profile, name or None, registry)
+        except recipe.RecipeError as error:
+            raise NodeEnvError([str(error)]) from None
+        return recipe.default_value(knob, profile, 0, chosen if chosen.profile == profile else None, registry)
     try:
         return validate.normalise(knob, text)
     except ValueError as error:

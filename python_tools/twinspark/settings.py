@@ -19,7 +19,7 @@ FLAVOURS = ("stock", "fork")
 CONCERNS = ("cluster", "fabric", "serving", "model", "security")
 TYPES = (
     "str", "int", "float", "bool", "choice", "port", "ipv4", "ip", "path", "model", "revision", "ifname", "hca",
-    "keys", "passthrough", "names", "url", "findings",
+    "keys", "passthrough", "names", "url", "findings", "recipe",
 )
 PASSES = ("env", "arg", "launcher")
 FILES = ("serve", "secrets")
@@ -130,6 +130,7 @@ class Knob:
             "str": "text on one line",
             "url": "a base URL, http(s)://host[:port], no path",
             "findings": "doctor finding ids (docs/DOCTOR.md) separated by spaces or commas",
+            "recipe": "a recipe name (`twinspark recipe list`)",
         }[self.type]
 
 
@@ -178,21 +179,16 @@ class Registry:
     def __getitem__(self, env: str) -> Knob:
         return self._by_env[env]
 
-    def flavour_args(self, profile: str, flavour: str = "stock") -> tuple[str, ...]:
-        """The flags `flavour` adds under `profile` (after the profile's own)."""
-        spec = self.flavours.get(flavour)
-        return spec.fixed_args.get(profile, ()) if spec else ()
+    def profile_args(self, profile: str) -> tuple[str, ...]:
+        """The shared flags and the profile's (a recipe's come after: twinspark.recipe.fixed_args)."""
+        return self.common_args + self.profiles[profile].fixed_args
 
-    def fixed_args(self, profile: str, flavour: str = "stock") -> tuple[str, ...]:
-        return self.common_args + self.profiles[profile].fixed_args + self.flavour_args(profile, flavour)
+    def profile_env(self, profile: str) -> dict[str, str]:
+        """The shared variables and the profile's (a recipe's come after: twinspark.recipe.fixed_env)."""
+        return {**self.common_env, **self.profiles[profile].fixed_env}
 
-    def fixed_env(self, profile: str, flavour: str = "stock") -> dict[str, str]:
-        spec = self.flavours.get(flavour)
-        extra = spec.fixed_env.get(profile, {}) if spec else {}
-        return {**self.common_env, **self.profiles[profile].fixed_env, **extra}
-
-    def defaults(self, profile: str, rank: int | None = None, flavour: str = "stock") -> dict[str, str]:
-        """Every knob's default under `profile`/`rank`/`flavour` (absent ones left out), in registry order."""
+    def profile_defaults(self, profile: str, rank: int | None = None, flavour: str = "stock") -> dict[str, str]:
+        """The profile's own defaults, without any recipe's (twinspark.recipe.defaults gives the whole picture)."""
         out: dict[str, str] = {}
         for knob in self.knobs:
             if not knob.read_by(flavour):
@@ -346,10 +342,3 @@ def load() -> Registry:
 def default_profile(registry: Registry | None = None) -> str:
     """The profile of a pair whose inventory names none: TWINSPARK_PROFILE's default."""
     return str((registry or load())["TWINSPARK_PROFILE"].default)
-
-
-def knob_default(env: str, profile: str | None = None, registry: Registry | None = None) -> str | None:
-    """`env`'s default under `profile` (the default profile when None), as the env file would carry it; None when
-    the knob has none there."""
-    registry = registry or load()
-    return registry.defaults(profile or default_profile(registry)).get(env)

@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from twinspark import budget, layout, settings
+from twinspark import budget, layout, recipe, settings
 from twinspark.doctor import findings
 from twinspark.settings import Knob, Registry
 
@@ -262,10 +262,20 @@ def _keys(knob: Knob, text: str) -> str:
     return " ".join(keys)
 
 
+def _recipe(knob: Knob, text: str) -> str:
+    text = text.strip()
+    if text not in recipe.catalogue():
+        close = difflib.get_close_matches(text, list(recipe.catalogue()), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise _Invalid(f"is not a recipe of python_tools/twinspark/recipes/{hint}")
+    return text
+
+
 _NORMALISERS = {
     "str": _str, "int": _int, "float": _float, "bool": _bool, "choice": _choice, "port": _port, "ipv4": _ipv4,
     "ip": _ip, "path": _path, "model": _model, "revision": _revision, "ifname": _ifname, "hca": _hca,
     "keys": _keys, "passthrough": _passthrough, "names": _names, "url": _url, "findings": _findings,
+    "recipe": _recipe,
 }
 
 
@@ -309,6 +319,9 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
         flavour = "stock"  # the knob's own check below reports the bad value
     rank_text = raw.get("NODE_RANK", "").strip()
     rank = int(rank_text) if rank_text in ("0", "1") else None
+    chosen, recipe_problem = _chosen_recipe(raw, profile, flavour, registry)
+    if recipe_problem:
+        problems.append(recipe_problem)
 
     for knob in registry.knobs:
         if knob.env in with_nul:
@@ -331,7 +344,15 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
             continue
         value: str | None
         if text is None or (_is_blank(knob, text) and knob.empty != "keep"):
-            value = knob.default_for(profile, rank)
+            value = recipe.default_value(knob, profile, rank, chosen, registry)
+            if value is not None and knob.env in chosen.knobs:  # the recipe's own value obeys the knob's rule
+                try:
+                    value = _NORMALISERS[knob.type](knob, value)
+                except _Invalid as exc:
+                    problems.append(Problem(recipe.RECIPE_ENV, f"the {chosen.name} recipe gives {knob.env} a value "
+                                                               f"that {exc.message.removeprefix('is ')}; fix "
+                                                               f"knobs.{knob.env} in its file", knob.allowed()))
+                    continue
             if text is not None and knob.empty == "absent":
                 # Set empty on purpose: absent for vLLM. Kept as "" when a default exists, so that a rendered
                 # file says so (leaving the line out would bring the default back).
@@ -353,7 +374,7 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     passed_on = set(result.values.get(PASSTHROUGH, "").split())
     for name, text in raw.items():
         if registry.get(name) is None and name not in with_nul:
-            problem = _unknown_variable(name, profile, registry, flavour)
+            problem = _unknown_variable(name, profile, registry, flavour, chosen.name)
             if problem:
                 problems.append(problem)
             elif name in passed_on:
@@ -363,6 +384,7 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
                                               f"or name it in {PASSTHROUGH} to pass it on"))
 
     problems.extend(_cross_checks(result.values, profile))
+    problems.extend(_recipe_checks(raw, result.values, chosen))
     if flavour_knob is not None and flavour != "stock" and profile != "gb10":
         problems.append(Problem("TWINSPARK_RUNTIME_FLAVOUR", f"{flavour} is for the gb10 profile only (the {profile} "
                                                              "profile runs its own wheelhouse); set it to stock"))
@@ -370,15 +392,56 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     return result
 
 
-def _unknown_variable(name: str, profile: str, registry: Registry, flavour: str = "stock") -> Problem | None:
+def _chosen_recipe(raw: Mapping[str, str], profile: str, flavour: str, registry: Registry):
+    """(the recipe this env names, or the profile's default when it names none or a wrong one; the problem)."""
+    default = recipe.chosen(profile, None, registry)
+    text = (raw.get(recipe.RECIPE_ENV) or "").strip()
+    if not text or text not in recipe.catalogue():
+        return default, None  # an unknown name is the knob's own problem (its normaliser)
+    chosen = recipe.get(text)
+    if chosen.profile != profile:
+        others = ", ".join(recipe.names(profile))
+        return default, Problem(recipe.RECIPE_ENV, f"{text} is a {chosen.profile} recipe; the {profile} profile "
+                                                   f"serves {others}", others)
+    if flavour not in chosen.flavours:
+        return chosen, Problem(recipe.RECIPE_ENV, f"{text} is written for the {'/'.join(chosen.flavours)} runtime, "
+                                                  f"not {flavour}; set TWINSPARK_RUNTIME_FLAVOUR="
+                                                  f"{chosen.flavours[0]} or pick another recipe")
+    return chosen, None
+
+
+def _recipe_checks(raw: Mapping[str, str], values: Mapping[str, str], chosen) -> list[Problem]:
+    """The recipe fits the group (its node count is one the recipe was laid out for), and a model named by hand
+    keeps the recipe's pinned revision only when it is the recipe's own model."""
+    problems = []
+    group = recipe.group_layout()
+    if group not in chosen.layouts:
+        counts = " or ".join(str(n) for n in chosen.node_counts)
+        problems.append(Problem(recipe.RECIPE_ENV, f"{chosen.name} runs on {counts} nodes "
+                                                   f"({', '.join(map(str, chosen.layouts))}); this group is "
+                                                   f"{group.nodes} nodes in {group}: pick a recipe laid out for it "
+                                                   f"(`twinspark recipe list`)"))
+    model = (raw.get("MODEL") or "").strip()
+    if model and model != chosen.model and not (raw.get("MODEL_REVISION") or "").strip() \
+            and "MODEL_REVISION" not in raw and chosen.revision is not None and not model.startswith("/"):
+        problems.append(Problem("MODEL_REVISION", f"is the {chosen.name} recipe's pin for {chosen.model}, not for "
+                                                  f"MODEL={model}; set MODEL_REVISION to the commit of {model} you "
+                                                  "serve (or empty for none), or pick that model's recipe"))
+    return problems
+
+
+def _unknown_variable(name: str, profile: str, registry: Registry, flavour: str = "stock",
+                      recipe_name: str | None = None) -> Problem | None:
     if name in budget.VLLM_ENV:
         return Problem(name, f"is derived from {budget.BUDGET_ENV} by the launcher; remove it and set "
                              f"{budget.BUDGET_ENV} ({budget.BUDGET_VAR} in the inventory) instead")
-    fixed = registry.fixed_env(profile, flavour)
+    fixed = recipe.fixed_env(profile, flavour, recipe_name, registry)
     if name in fixed:
-        return Problem(name, f"is fixed by the {profile} profile ({fixed[name]}) and set by the launcher; remove it")
+        owner = f"{profile} profile" if name in registry.profile_env(profile) else \
+            f"{recipe.chosen(profile, recipe_name, registry).name} recipe"
+        return Problem(name, f"is fixed by the {owner} ({fixed[name]}) and set by the launcher; remove it")
     for other in settings.FLAVOURS:
-        if other != flavour and name in registry.fixed_env(profile, other):
+        if other != flavour and name in recipe.fixed_env(profile, other, recipe_name, registry):
             return Problem(name, f"is read only by the {other} runtime; the {flavour} runtime never reads it. "
                                  f"Remove it, or set TWINSPARK_RUNTIME_FLAVOUR={other}")
     known = [k.env for k in registry.knobs]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from twinspark import settings
+from twinspark import recipe
 from twinspark.doctor.findings import (
     ACK_ENV,
     CATALOGUE,
@@ -479,7 +479,7 @@ def settings_of(facts: Mapping, env: Mapping[str, str] | None = None) -> dict[st
     profile = given.get("TWINSPARK_PROFILE") or "gb10"
     rank = int(given["NODE_RANK"]) if given.get("NODE_RANK") in ("0", "1") else None
     flavour = given.get("TWINSPARK_RUNTIME_FLAVOUR") or "stock"
-    return {**settings.load().defaults(profile, rank, flavour), **given}
+    return {**recipe.defaults(profile, rank, flavour, given.get(recipe.RECIPE_ENV) or None), **given}
 
 
 def _finding(found: Found, host: str, acked: Sequence[str]) -> Finding:
