@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "refuse to dial a simulated-pair address whose route would leave this machine"),
     "plan": ("twinspark.memfit",
              "whether a configuration fits a node's memory (weights, KV cache); exit 0 fits, 2 not"),
+    "recipe": ("twinspark.recipecheck",
+               "the recipes (models) this project serves: list, show, check against the vLLM that serves them"),
     "pair": ("twinspark.pair.cli", "keep the two ranks serving as one pair (runs on the head)"),
     "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
     "runtime": ("twinspark.installed_runtime", "report the installed serving runtime (vLLM, torch, patches)"),

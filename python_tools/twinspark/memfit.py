@@ -64,6 +64,7 @@ DS_STATE_BYTES = {
 }
 # DeepSeek-V4's compression ratio per layer type, as transformers' DeepseekV4Config defaults them (0 = sliding only).
 DS4_DEFAULT_RATES = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+KV_CACHE_LAYERS = "kv_cache_layers"  # a recipe's fact, not config.json's: the layers that cache every token's K and V
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1}
 
@@ -171,8 +172,18 @@ def attention(config: Mapping, dtype: str, values: Mapping[str, str], tp: int = 
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or int(config.get("hidden_size") or 0) // heads)
     per_rank = math.ceil(kv_heads / tp)  # fewer KV heads than ranks: vLLM replicates them
-    return Attention("attention", 2 * layers * per_rank * head_dim * size, 0,
-                     f"K and V of {per_rank} head(s) x {head_dim} x {layers} layers per rank, {size} B each")
+    per_layer = 2 * per_rank * head_dim * size
+    # Which layers keep K and V for every token: config.json's layer_types (sliding-window layers keep only their
+    # window, once per sequence), or a recipe's kv_cache_layers for hybrids whose other layers (linear attention,
+    # Mamba) keep a fixed state instead (twinspark/recipes/, docs/RECIPES.md).
+    types = [str(t) for t in config.get("layer_types") or ()]
+    window = int(config.get("sliding_window") or 0)
+    sliding = sum(1 for t in types if t == "sliding_attention") if window else 0
+    full = int(config.get(KV_CACHE_LAYERS) or (layers - sliding))
+    detail = f"K and V of {per_rank} head(s) x {head_dim} x {full} layers per rank, {size} B each"
+    if sliding:
+        detail += f"; {sliding} sliding layers keep {window} tokens"
+    return Attention("attention", full * per_layer, sliding * window * per_layer, detail)
 
 
 def allowances(values: Mapping[str, str], config: Mapping) -> dict[str, int]:
@@ -192,13 +203,19 @@ def _round_up(value: float, step: float) -> float:
     return round(math.ceil(value / step - 1e-9) * step, 3)
 
 
-def make_plan(values: Mapping[str, str], config: Mapping, weights_total: int, memory_total: int) -> Plan:
-    """The plan for one rank (both ranks hold the same): what it needs, what it has, and whether it fits."""
+def make_plan(values: Mapping[str, str], config: Mapping, weights_total: int, memory_total: int,
+              tp: int = TENSOR_PARALLEL, pp: int = 1) -> Plan:
+    """The plan for one rank (every rank holds the same share): what it needs, what it has, and whether it fits.
+    `tp` x `pp` is the group's layout (the pair's TP2xPP1 by default): tensor parallelism splits the weights and
+    the KV heads, pipeline parallelism the layers."""
     profile = values.get("TWINSPARK_PROFILE", "gb10")
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR") or "stock"
     dtype = kv_cache_dtype(values)
-    shape = attention(config, dtype, values)
-    weights = math.ceil(weights_total / TENSOR_PARALLEL)
+    shape = attention(config, dtype, values, tp)
+    if pp > 1:
+        shape = Attention(shape.kind, shape.bytes_per_token / pp, math.ceil(shape.bytes_per_sequence / pp),
+                          shape.detail + f", 1/{pp} of the layers per pipeline stage")
+    weights = math.ceil(weights_total / (tp * pp))
     extra = allowances(values, config)
     seqs = int(values.get("MAX_NUM_SEQS") or 1)
     wanted_len = int(values["MAX_MODEL_LEN"])

@@ -21,6 +21,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -380,6 +381,20 @@ def catalogue() -> dict[str, Recipe]:
             raise RecipeError(f"{where}: name {recipe.name!r} must equal the file's name without .yml")
         found[recipe.name] = recipe
     return found
+
+
+def load_file(path: str) -> Recipe:
+    """A recipe file outside the package (one being written), added to this process's catalogue; its name may not
+    be a packaged recipe's."""
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=settings.SAFE_LOADER)
+    except (OSError, yaml.YAMLError) as error:
+        raise RecipeError(f"{path}: cannot read it as YAML ({error})") from None
+    loaded = parse(data, path)
+    if loaded.name in catalogue():
+        raise RecipeError(f"{path}: name {loaded.name!r} is a packaged recipe's; give yours its own name")
+    catalogue()[loaded.name] = loaded
+    return loaded
 
 
 def group_layout(registry: settings.Registry | None = None) -> Layout:
