@@ -66,11 +66,14 @@ sim-status:
 # The README's main job: the pair if missing, site.yml on it, health, one chat answer, time per phase.
 # FLEET=1: the simulated fleet instead (two pairs and a router node, inventory/sim-fleet, docs/FLEET.md); with
 # PAIRS=N, N pairs and a router node (inventory written by scripts/sim/fleet-inventory.py; about 4.5 GiB per pair).
+# RECIPE=NAME: serve that simulated recipe (tiny-llama by default, or tiny-qwen3: docs/RECIPES.md) with -e
+# twinspark_recipe=NAME; the chat then also sends a request with tools, which the recipe's tool-call parser reads.
 FLEET ?=
 PAIRS ?=
+RECIPE ?=
 
 demo: setup
-	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) scripts/sim/demo
+	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) TWINSPARK_SIM_RECIPE=$(RECIPE) scripts/sim/demo
 
 # The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
 # every playbook run against the pair does.

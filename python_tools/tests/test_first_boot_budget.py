@@ -59,9 +59,9 @@ def test_every_timer_keeps_its_order(profile):
 
 
 def test_the_derived_values_keep_what_each_profile_ran_with():
-    # gb10: the role's 3600 s wait, the recipe's 1800 s execute-model timeout, the guard unit's ready + 300 s; vLLM's
-    # 600 s engine-ready default (which ended every gb10 first boot) is gone. cpu: the simulated pair's 600 s wait
-    # and vLLM's own 300 s execute-model default.
+    # gb10: the role's 3600 s wait, the DSpark runbook's 1800 s execute-model timeout, the guard unit's ready +
+    # 300 s; vLLM's 600 s engine-ready default (which ended every gb10 first boot) is gone. cpu: the simulated
+    # pair's 600 s wait and vLLM's own 300 s execute-model default.
     gb10, cpu = (budget.first_boot_timers(p, DEFAULT_BUDGETS[p]) for p in ("gb10", "cpu"))
     kept = ("ready_wait_s", "vllm_execute_model_timeout_s", "guard_run_timeout_s")
     assert [gb10[name] for name in kept] == [3600, 1800, 3900]

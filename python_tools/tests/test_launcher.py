@@ -80,7 +80,7 @@ def gb10_expected(rank: int, master: str = "192.0.2.1", flavour: str = "stock") 
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_gb10_default_argv_is_the_recipe_flag_list(tmp_path, capsys, rank):
+def test_gb10_default_argv_is_the_runbook_flag_list(tmp_path, capsys, rank):
     shown = dry_run(capsys, write_defaults(tmp_path, "gb10", rank))
     assert shown["argv"][1:5] == ["-I", "-m", "twinspark.vllm_entry", "serve"]
     assert shown["argv"][4:] == gb10_expected(rank)
@@ -88,7 +88,7 @@ def test_gb10_default_argv_is_the_recipe_flag_list(tmp_path, capsys, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_gb10_fork_flavour_takes_the_recipe_fork_flags_and_knobs(tmp_path, capsys, rank):
+def test_gb10_fork_flavour_takes_the_runbook_fork_flags_and_knobs(tmp_path, capsys, rank):
     shown = dry_run(capsys, write_defaults(tmp_path, "gb10", rank, "TWINSPARK_RUNTIME_FLAVOUR=fork\n"))
     assert shown["argv"][4:] == gb10_expected(rank, flavour="fork")
     assert shown["env"]["VLLM_USE_B12X_MOE"] == "1"

@@ -19,9 +19,9 @@ MODEL = FIXTURES / "handshaped_deepseek_v4_flash_model"
 FACTS = FIXTURES / "handshaped_doctor_gb10_head.json"
 SPARK_MEMORY = json.loads(FACTS.read_text(encoding="utf-8"))["memory_total_bytes"]
 
-# The recipe's published figures (docs/DOCTOR.md, "What the planner is compared with"): a KV pool of about 2.49M
+# The DSpark runbook's published figures (docs/DOCTOR.md, "What the planner is compared with"): a KV pool of about 2.49M
 # tokens (18.08 GiB) at GPU_MEMORY_UTILIZATION 0.835, and 3,421,786 tokens in the validated 1M-context run, whose
-# utilisation the recipe does not give. Both ran the fork runtime (nvfp4_ds_mla).
+# utilisation the runbook does not give. Both ran the fork runtime (nvfp4_ds_mla).
 PUBLISHED_POOL_TOKENS = 2_490_000
 PUBLISHED_POOL_BYTES = 18.08 * 2**30
 PUBLISHED_VALIDATED_TOKENS = 3_421_786
@@ -113,7 +113,7 @@ def test_bad_input_is_one_line_and_exit_3(tmp_path):
     assert done.returncode == 3 and "config.json" in done.stderr
 
 
-def test_the_fork_estimate_against_the_recipes_published_pool(capsys):
+def test_the_fork_estimate_against_the_runbooks_published_pool(capsys):
     """Labelled comparison, not a calibration: the planner counts the bytes a token's KV states take; vLLM lays the
     cache out in blocks shared by groups of layers and reports fewer tokens for the same memory. The error is printed;
     the assertions hold only what the data allows: the memory left for the KV cache within a quarter of the

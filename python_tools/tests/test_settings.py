@@ -6,7 +6,7 @@ import pytest
 
 from twinspark import cli, generate, recipe, settings
 
-RECIPE_KNOBS = [
+RUNBOOK_KNOBS = [
     # Cluster and fabric
     "WORKER_HOST", "MASTER_ADDR", "MASTER_PORT", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "VLLM_HOST_IP",
     "TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_MERGE_NICS", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
@@ -22,9 +22,9 @@ RECIPE_KNOBS = [
 ]
 
 
-def test_registry_covers_the_recipe_knobs():
+def test_registry_covers_the_runbook_knobs():
     registry = settings.load()
-    missing = [name for name in RECIPE_KNOBS if registry.get(name) is None]
+    missing = [name for name in RUNBOOK_KNOBS if registry.get(name) is None]
     assert missing == []
 
 

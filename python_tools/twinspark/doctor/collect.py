@@ -38,8 +38,8 @@ import time
 SCHEMA = 1
 MELLANOX_VENDOR = "0x15b3"
 MAX_ATTRIBUTE_BYTES = 1 << 16
-# Process names that hold unified memory a serving node cannot spare: a desktop session (the recipe stopped gdm3 on
-# both nodes), and earlyoom, which kills vLLM under deep-context load.
+# Process names that hold unified memory a serving node cannot spare: a desktop session (the DSpark runbook stopped
+# gdm3 on both nodes), and earlyoom, which kills vLLM under deep-context load.
 DESKTOP_PROCESSES = ("gdm3", "gdm", "Xorg", "Xwayland", "gnome-shell")
 EARLYOOM_PROCESS = "earlyoom"
 CHRONYC_TIMEOUT_S = 5

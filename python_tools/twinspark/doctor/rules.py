@@ -377,7 +377,7 @@ def memory_state(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
     if facts.get("desktop"):
         found.append(Found("memory.desktop", f"a desktop session runs ({', '.join(facts['desktop'])}) and holds "
                                              "unified memory the serving rank may need",
-                           "systemctl disable --now gdm3 (the recipe stopped it on both nodes)"))
+                           "systemctl disable --now gdm3 (the DSpark runbook stopped it on both nodes)"))
     return found
 
 

@@ -240,8 +240,8 @@ boot_nodes() {
 }
 
 build_tiny_model() {
-  local venv=$SIM_DIR/tools-venv model=$SIM_DIR/models/tiny-llama
-  if [ -f "$model/.complete" ]; then log "tiny model present: $model"; return 0; fi
+  # One folder per simulated recipe (python_tools/twinspark/recipes/tiny-*.yml): the Llama and the Qwen3.
+  local venv=$SIM_DIR/tools-venv arch model
   # The tools venv installs offline from the wheelhouse, so the model is written by the same transformers
   # release that vLLM reads it with in the nodes.
   if [ ! -f "$venv/.complete" ]; then
@@ -252,10 +252,14 @@ build_tiny_model() {
       || die "tools venv install failed; see $SIM_DIR/logs/tools-venv.log"
     touch "$venv/.complete"
   fi
-  rm -rf "$model.partial"
-  timeout 600 "$venv/bin/python" "$SIM_SCRIPTS/make-tiny-model.py" "$model.partial" \
-    || die "building the tiny model failed"
-  rm -rf "$model"
-  mv "$model.partial" "$model"
-  touch "$model/.complete"
+  for arch in llama qwen3; do
+    model=$SIM_DIR/models/tiny-$arch
+    if [ -f "$model/.complete" ]; then log "tiny model present: $model"; continue; fi
+    rm -rf "$model.partial"
+    timeout 600 "$venv/bin/python" "$SIM_SCRIPTS/make-tiny-model.py" "$model.partial" "$arch" \
+      || die "building the tiny $arch model failed"
+    rm -rf "$model"
+    mv "$model.partial" "$model"
+    touch "$model/.complete"
+  done
 }
