@@ -459,17 +459,8 @@ def defaults(profile: str, rank: int | None = None, flavour: str = "stock", name
     absent ones left out, in registry order."""
     registry = registry or settings.load()
     recipe = chosen(profile, name, registry)
-    out: dict[str, str] = {}
-    for knob in registry.knobs:
-        if not knob.read_by(flavour):
-            continue
-        value = default_value(knob, profile, rank, recipe, registry)
-        if value is None and knob.default_from and knob.applies_to(profile):
-            value = out.get(knob.default_from)
-        if value is not None:
-            out[knob.env] = value
-    out["TWINSPARK_PROFILE"] = profile
-    return out
+    return registry.profile_defaults(profile, rank, flavour,
+                                     lambda knob: default_value(knob, profile, rank, recipe, registry))
 
 
 def fixed_args(profile: str, flavour: str = "stock", name: str | None = None,

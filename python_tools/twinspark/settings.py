@@ -7,6 +7,7 @@ what are they called, and what is their default under a profile and rank".
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -187,13 +188,15 @@ class Registry:
         """The shared variables and the profile's (a recipe's come after: twinspark.recipe.fixed_env)."""
         return {**self.common_env, **self.profiles[profile].fixed_env}
 
-    def profile_defaults(self, profile: str, rank: int | None = None, flavour: str = "stock") -> dict[str, str]:
-        """The profile's own defaults, without any recipe's (twinspark.recipe.defaults gives the whole picture)."""
+    def profile_defaults(self, profile: str, rank: int | None = None, flavour: str = "stock",
+                         default: Callable[[Knob], str | None] | None = None) -> dict[str, str]:
+        """Every knob's default in registry order, absent ones left out: the profile's own, or what `default` says
+        per knob (twinspark.recipe.defaults passes the recipe's rule)."""
         out: dict[str, str] = {}
         for knob in self.knobs:
             if not knob.read_by(flavour):
                 continue
-            value = knob.default_for(profile, rank)
+            value = default(knob) if default else knob.default_for(profile, rank)
             if value is None and knob.default_from and knob.applies_to(profile):
                 value = out.get(knob.default_from)
             if value is not None:
