@@ -130,6 +130,10 @@ def node_env(
         raise NodeEnvError(problems)
     serve = {k: v for k, v in result.values.items() if registry[k].file == "serve"}
     secrets = {k: v for k, v in result.values.items() if registry[k].file == "secrets"}
+    # The profile's default recipe, not named in the inventory, is left out of serve.env: the file stays the one the
+    # previous release wrote, so a rollback to a runtime whose launcher predates recipes still reads it.
+    if recipe.RECIPE_ENV not in raw and serve.get(recipe.RECIPE_ENV) == recipe.default_name(result.profile, registry):
+        del serve[recipe.RECIPE_ENV]
     return serve, secrets
 
 
