@@ -55,6 +55,17 @@ def twinspark_monitoring_urls(all_hostvars, groups):
     return monitoring.urls(_plain(all_hostvars, groups), groups)
 
 
+def twinspark_silence_target(head, groups, all_hostvars):
+    """{monitor, url, pair}: where a planned restart of `head`'s pair asks for its silence ({} without monitoring)."""
+    return monitoring.silence_target(str(head), _plain(all_hostvars, groups), groups)
+
+
+def twinspark_silence_request(pair, why, starts, ends, silence_id=""):
+    """Alertmanager's POST /api/v2/silences body: the pair's down alerts, from `starts` to `ends` (epoch seconds)."""
+    return _guarded(lambda: monitoring.silence_request(str(pair), str(why), float(starts), float(ends),
+                                                        str(silence_id or "")))
+
+
 def twinspark_monitoring_problems(all_hostvars, groups):
     """What stops monitoring from working on this inventory, one line each."""
     return monitoring.problems(_plain(all_hostvars, groups), groups)
@@ -97,6 +108,8 @@ class FilterModule:
             "twinspark_monitoring_ca_copies": twinspark_monitoring_ca_copies,
             "twinspark_monitoring_urls": twinspark_monitoring_urls,
             "twinspark_monitoring_problems": twinspark_monitoring_problems,
+            "twinspark_silence_target": twinspark_silence_target,
+            "twinspark_silence_request": twinspark_silence_request,
             "twinspark_alert_receiver_problems": twinspark_alert_receiver_problems,
             "twinspark_alertmanager_config": twinspark_alertmanager_config,
             "twinspark_monitoring_record": twinspark_monitoring_record,

@@ -142,3 +142,27 @@ def test_scrape_config_on_a_node_prints_its_record_and_names_a_bad_one(tmp_path,
     record.write_text("{")
     assert cli.main(["monitor", "scrape-config", "--record", str(record)]) == 2
     assert f"{record}: not JSON" in capsys.readouterr().err
+
+
+def test_a_planned_restart_silences_its_own_pairs_down_alerts_at_the_monitor():
+    host_vars, groups = one_pair(twinspark_layout_pair_id="lab-7")
+    assert monitoring.silence_target("h", host_vars, groups) == {
+        "monitor": "h", "url": "http://192.0.2.1:" + str(layout.default().alertmanager_port), "pair": "lab-7"}
+    assert monitoring.silence_target("w", host_vars, groups) == {}  # a worker heads no pair
+    host_vars["h"]["monitoring_enabled"] = False
+    assert monitoring.silence_target("h", host_vars, groups) == {}
+    fleet_vars, fleet_groups = read("sim-fleet")
+    second = [h for h in fleet_groups["twinspark_head"] if h != fleet_groups["twinspark_head"][0]][0]
+    target = monitoring.silence_target(second, fleet_vars, fleet_groups)
+    assert (target["monitor"], target["pair"]) == ("node5", "pair_b")
+
+    body = monitoring.silence_request("lab-7", "recipe switch", 1_800_000_000, 1_800_000_600)
+    assert body["startsAt"] == "2027-01-15T08:00:00.000Z" and body["endsAt"] == "2027-01-15T08:10:00.000Z"
+    matchers = {m["name"]: m for m in body["matchers"]}
+    assert matchers["pair"] == {"name": "pair", "value": "lab-7", "isRegex": False, "isEqual": True}
+    assert matchers["alertname"]["isRegex"] and set(matchers["alertname"]["value"].split("|")) == {
+        "TwinSparkPairDown", "TwinSparkTargetDown"}
+    assert "id" not in body and body["comment"] == "planned restart: recipe switch"
+    assert monitoring.silence_request("lab-7", "x", 1, 2, "abc")["id"] == "abc"
+    with pytest.raises(ValueError, match="must end after it starts"):
+        monitoring.silence_request("lab-7", "x", 5, 5)

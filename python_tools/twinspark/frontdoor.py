@@ -52,6 +52,8 @@ PLAYBOOKS = {
     "upgrade": "playbooks/upgrade.yml",
     "rollback": "playbooks/rollback.yml",
     "rotate": "playbooks/rotate.yml",
+    # `twinspark recipe switch NAME` (twinspark.recipecheck): a verb of `twinspark recipe`, run like the others.
+    "recipe-switch": "playbooks/recipe.yml",
 }
 HELP = {
     "deploy": "make both nodes match the inventory and serve (site.yml)",
@@ -70,7 +72,7 @@ ROTATE_PHASES = ("all", "add", "drop")
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
 # Verbs whose playbook refuses a run covering several pairs (playbooks/tasks/one_pair_at_a_time.yml): on a fleet the
 # front door runs them once per pair, with a health gate in between.
-WALKED = ("upgrade", "rollback")
+WALKED = ("upgrade", "rollback", "recipe-switch")
 GATE_INTERVAL = 5.0
 DEFAULT_GATE_TIMEOUT = 180.0
 
@@ -336,32 +338,34 @@ def walk_pairs(args: argparse.Namespace, inventory: str, pairs: list[str], run_o
     """`upgrade`/`rollback` on a fleet: the playbook once per pair, each followed by the fleet's health gate; the
     first failure stops the walk. `run_one(extra)` runs the playbook with these extra arguments, returns its exit."""
     verb = args.verb
+    said = verb.replace("-", " ")  # recipe-switch: `twinspark recipe switch`
     for number, pair in enumerate(pairs, start=1):
         left = ", ".join(pairs[number:]) or "none"
-        print(f"twinspark {verb}: pair {pair} ({number} of {len(pairs)}): {PLAYBOOKS[verb]} --limit {pair}",
+        print(f"twinspark {said}: pair {pair} ({number} of {len(pairs)}): {PLAYBOOKS[verb]} --limit {pair}",
               file=sys.stderr)
         rc = run_one(["--limit", pair])
         if rc != 0:
-            print(f"twinspark {verb}: pair {pair} failed (exit {rc}); stopped before the pairs left: {left}",
+            print(f"twinspark {said}: pair {pair} failed (exit {rc}); stopped before the pairs left: {left}",
                   file=sys.stderr)
             return rc
         if args.check:
             continue
         code = health_gate(inventory, pair, args.gate_timeout, sys.stderr)
         if code != 0:
-            print(f"twinspark {verb}: the fleet is not healthy after pair {pair} (health exit {code}, waited up to "
+            print(f"twinspark {said}: the fleet is not healthy after pair {pair} (health exit {code}, waited up to "
                   f"{args.gate_timeout:.0f} s); stopped before the pairs left: {left}", file=sys.stderr)
             return code
-        print(f"twinspark {verb}: pair {pair} done, fleet healthy", file=sys.stderr)
+        print(f"twinspark {said}: pair {pair} done, fleet healthy", file=sys.stderr)
     return 0
 
 
 def _command(args: argparse.Namespace) -> int:
     project = project_root()
+    said = args.verb.replace("-", " ")  # recipe-switch: `twinspark recipe switch`
     inventory = args.inventory or default_inventory()
     playbook = project / PLAYBOOKS[args.verb]
     if not playbook.is_file():
-        print(f"twinspark {args.verb}: {playbook} does not exist (run from the TwinSpark checkout)", file=sys.stderr)
+        print(f"twinspark {said}: {playbook} does not exist (run from the TwinSpark checkout)", file=sys.stderr)
         return 2
     extra = []
     if args.check:
@@ -371,16 +375,18 @@ def _command(args: argparse.Namespace) -> int:
     if args.verb == "rotate":
         extra += ["--extra-vars", json.dumps({"twinspark_rotate": args.kind, "key_rotation_phase": args.phase,
                                               "key_rotation_grace_s": args.grace})]
+    if args.verb == "recipe-switch":
+        extra += ["--extra-vars", json.dumps({"twinspark_recipe_switch_to": args.name})]
     for value in args.extra_vars or []:
         extra += ["--extra-vars", value]
     refusal = _route_refusal(inventory)
     if refusal:
-        print(f"twinspark {args.verb}: {refusal}", file=sys.stderr)
+        print(f"twinspark {said}: {refusal}", file=sys.stderr)
         return 2
 
     def run_one(more: list[str]) -> int:
         view = LiveView(stream=sys.stderr, redraw=sys.stderr.isatty())
-        print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
+        print(f"twinspark {said}: {PLAYBOOKS[args.verb]} on {inventory}", file=sys.stderr)
         rc, run_dir = run_playbook(playbook, inventory, Path(args.artifacts), view, project, extra + more)
         print(f"events and output kept in {run_dir}", file=sys.stderr)
         pruned = prune_runs(Path(args.artifacts), args.keep_runs)
@@ -388,7 +394,7 @@ def _command(args: argparse.Namespace) -> int:
             print(f"removed {len(pruned)} older run folder(s) from {args.artifacts} (--keep-runs {args.keep_runs})",
                   file=sys.stderr)
         if rc != 0:
-            print(f"twinspark {args.verb}: {PLAYBOOKS[args.verb]} failed (exit {rc}); "
+            print(f"twinspark {said}: {PLAYBOOKS[args.verb]} failed (exit {rc}); "
                   + ("; ".join(view.failures[:3]) or f"see {run_dir}/stdout"), file=sys.stderr)
         return rc
 
@@ -408,8 +414,35 @@ def _command(args: argparse.Namespace) -> int:
     return health.check_inventory(inventory, timeout=10.0)
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, walked: bool) -> None:
+    """The options every playbook verb takes (and `twinspark recipe switch`)."""
+    parser.add_argument("-i", "--inventory", help="Ansible inventory (default: ansible.cfg's)")
+    parser.add_argument("--artifacts", default="artifacts", metavar="DIR",
+                        help="where each run's events are kept, one <timestamp> folder per run (default "
+                        "./artifacts)")
+    parser.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
+                        help=f"keep the newest N run folders in --artifacts, remove older ones (default "
+                        f"{DEFAULT_KEEP_RUNS}); a folder keeps no environment and no --extra-vars value")
+    parser.add_argument("--check", action="store_true", help="ansible-playbook --check (changes nothing)")
+    parser.add_argument("--diff", action="store_true", help="ansible-playbook --diff")
+    parser.add_argument("--limit", help="ansible-playbook --limit")
+    parser.add_argument("-e", "--extra-vars", action="append", metavar="VARS",
+                        help="ansible-playbook --extra-vars (repeatable)")
+    if walked:
+        parser.add_argument("--gate-timeout", type=float, default=DEFAULT_GATE_TIMEOUT, metavar="S",
+                            help="on a fleet: how long the health gate after each pair may wait for a healthy "
+                            f"fleet (default {DEFAULT_GATE_TIMEOUT:.0f} s)")
+    parser.add_argument("--no-health", action="store_true", help="skip the closing health table")
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Run args.verb's playbook (a key of PLAYBOOKS) as the front door does."""
+    return _command(args)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    for verb, playbook in PLAYBOOKS.items():
+    for verb in HELP:
+        playbook = PLAYBOOKS[verb]
         parser = subparsers.add_parser(verb, help=HELP[verb], description=__doc__,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         if verb == "rotate":
@@ -420,21 +453,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             parser.add_argument("--grace", type=int, default=0, metavar="S",
                                 help="api-key, phase all: seconds between the switch and the drop, for clients "
                                 "outside TwinSpark to move to the new key (default 0)")
-        parser.add_argument("-i", "--inventory", help="Ansible inventory (default: ansible.cfg's)")
-        parser.add_argument("--artifacts", default="artifacts", metavar="DIR",
-                            help="where each run's events are kept, one <timestamp> folder per run (default "
-                            "./artifacts)")
-        parser.add_argument("--keep-runs", type=int, default=DEFAULT_KEEP_RUNS, metavar="N",
-                            help=f"keep the newest N run folders in --artifacts, remove older ones (default "
-                            f"{DEFAULT_KEEP_RUNS}); a folder keeps no environment and no --extra-vars value")
-        parser.add_argument("--check", action="store_true", help="ansible-playbook --check (changes nothing)")
-        parser.add_argument("--diff", action="store_true", help="ansible-playbook --diff")
-        parser.add_argument("--limit", help="ansible-playbook --limit")
-        parser.add_argument("-e", "--extra-vars", action="append", metavar="VARS",
-                            help="ansible-playbook --extra-vars (repeatable)")
-        if verb in WALKED:
-            parser.add_argument("--gate-timeout", type=float, default=DEFAULT_GATE_TIMEOUT, metavar="S",
-                                help="on a fleet: how long the health gate after each pair may wait for a healthy "
-                                f"fleet (default {DEFAULT_GATE_TIMEOUT:.0f} s)")
-        parser.add_argument("--no-health", action="store_true", help="skip the closing health table")
+        add_run_arguments(parser, verb in WALKED)
         parser.set_defaults(func=_command, verb=verb, playbook=playbook)

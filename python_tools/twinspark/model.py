@@ -19,11 +19,11 @@ import re
 import shutil
 import struct
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from twinspark import atomic, recipe
+from twinspark import atomic, envfile, recipe
 
 # The checkpoint and commit of the default profile's default recipe (twinspark/recipes/). Leaving the revision unset
 # pins to it; the empty string follows the default branch.
@@ -705,6 +705,92 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def copy_room(directory: str | Path, manifest: Mapping[str, Any], reserve: int) -> dict[str, Any]:
+    """Whether a copy of the model the manifest describes fits in `directory` beside what the disk holds now: the
+    bytes still to copy (a file already there at its size counts as copied), the free bytes, and the problem."""
+    root = Path(directory)
+    needed = 0
+    for name, entry in dict(manifest.get("files") or {}).items():
+        size = int(entry.get("size") or 0)
+        try:
+            there = (root / name).stat().st_size
+        except OSError:
+            there = -1
+        needed += 0 if there == size else max(size - max(there, 0), 0)
+    free = free_bytes(root)
+    problem = disk_space_problem(needed, free, reserve, str(root))
+    return {"directory": str(root), "needed_bytes": needed, "free_bytes": free, "reserve_bytes": reserve,
+            "ok": problem is None, "problem": problem}
+
+
+def cmd_room(args: argparse.Namespace) -> int:
+    report = copy_room(args.directory, load_manifest(args.manifest), args.reserve_bytes)
+    _print(report, args.json, report["problem"] or (f"{args.directory}: {_human(report['needed_bytes'])} to copy, "
+                                                    f"{_human(report['free_bytes'])} free"))
+    return 0 if report["ok"] else 1
+
+
+def model_copies(models_dir: str | Path, hf_home: str | Path) -> dict[str, Path]:
+    """Every model copy a node keeps: the local copies under `models_dir` (by their path) and the hub snapshots under
+    HF_HOME (by their repository id)."""
+    found: dict[str, Path] = {}
+    local = Path(models_dir)
+    if local.is_dir():
+        for entry in sorted(local.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                found[str(entry)] = entry
+    hub = hub_cache_dir(hf_home)
+    if hub.is_dir():
+        for entry in sorted(hub.iterdir()):
+            parts = entry.name.split("--")
+            if entry.is_dir() and not entry.is_symlink() and parts[0] == "models" and len(parts) == 3:
+                found[f"{parts[1]}/{parts[2]}"] = entry
+    return found
+
+
+def kept_models(env_file: str | None, record_file: str | None, keep: Sequence[str]) -> list[str]:
+    """The models `prune` keeps: the one serve.env names, the current and previous recipes' (the record role
+    serve_env writes at each recipe switch), and every --keep."""
+    kept = [str(name) for name in keep]
+    if env_file:
+        read = envfile.read_files([env_file])
+        if read.refused:
+            raise ModelInputError(f"--env: {read.refused[0]}")
+        kept.append(read.values.get("MODEL", ""))
+    if record_file and Path(record_file).exists():
+        record = json.loads(Path(record_file).read_text())
+        kept += [str((record.get(side) or {}).get("model") or "") for side in ("current", "previous")]
+    return [name.rstrip("/") for name in dict.fromkeys(kept) if name]
+
+
+def prune(models_dir: str | Path, hf_home: str | Path, kept: Sequence[str], apply: bool) -> dict[str, Any]:
+    """Remove (with `apply`; else only list) every model copy that is not kept."""
+    if not kept:
+        raise ModelInputError("nothing to keep: give --env (the serve.env naming the model that serves) or --keep; "
+                              "prune never removes every copy")
+    copies = model_copies(models_dir, hf_home)
+    removed = [name for name in copies if name not in kept]
+    freed = 0
+    for name in removed:
+        path = copies[name]
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+        freed += size
+        if apply:
+            shutil.rmtree(path)
+    return {"kept": [name for name in copies if name in kept], "removed": removed, "freed_bytes": freed,
+            "applied": apply, "changed": bool(apply and removed)}
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    result = prune(args.models_dir, args.hf_home, kept_models(args.env, args.record, args.keep or ()), args.apply)
+    verb = "removed" if args.apply else "would remove (run again with --apply)"
+    text = "\n".join([f"kept: {name}" for name in result["kept"]]
+                     + [f"{verb}: {name}" for name in result["removed"]]
+                     + [f"{_human(result['freed_bytes'])} {'freed' if args.apply else 'to free'}"])
+    _print(result, args.json, text)
+    return 0
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -758,6 +844,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default: DIR/{MANIFEST_NAME} if present, which whoever writes the copy also writes)")
     verify.add_argument("--sha256", action="store_true", help="also compare SHA-256 with the manifest (reads all)")
     verify.set_defaults(func=_guarded(cmd_verify))
+
+    room = verbs.add_parser("room", help="whether a local model copy fits beside what the disk holds (exit 1: no)")
+    room.add_argument("directory", help="where the copy goes")
+    room.add_argument("--manifest", required=True, help="the source's manifest (sizes of every file)")
+    room.add_argument("--reserve-bytes", type=int, default=DEFAULT_RESERVE_BYTES)
+    room.add_argument("--json", action="store_true")
+    room.set_defaults(func=_guarded(cmd_room))
+
+    pruner = verbs.add_parser("prune", help="remove model copies no recipe here serves or goes back to (lists "
+                              "them unless --apply)")
+    pruner.add_argument("--models-dir", default="/var/lib/twinspark/models", help="local copies (%(default)s)")
+    pruner.add_argument("--hf-home", default=os.environ.get("HF_HOME", DEFAULT_HF_HOME), help="HF_HOME (%(default)s)")
+    pruner.add_argument("--env", help="serve.env: its MODEL is kept")
+    pruner.add_argument("--record", help="the recipe switch record (/var/lib/twinspark/recipes.json): the current "
+                        "and previous recipes' models are kept")
+    pruner.add_argument("--keep", action="append", help="also keep this model (path or repository id; repeatable)")
+    pruner.add_argument("--apply", action="store_true", help="remove (default: only list what would go)")
+    pruner.add_argument("--json", action="store_true")
+    pruner.set_defaults(func=_guarded(cmd_prune))
 
     manifest = verbs.add_parser("manifest", help="size and SHA-256 of every file in a model directory")
     manifest.add_argument("directory")

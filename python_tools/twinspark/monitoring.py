@@ -27,6 +27,7 @@ import ipaddress
 import json
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,48 @@ def announced_urls(host_vars: HostVars, groups: Groups) -> dict[str, str]:
     if monitor is None or _is_false(host_vars.get(monitor, {}).get(ENABLED_VAR, True)):
         return {}
     return urls(host_vars, groups)
+
+
+# A planned restart (site.yml's ordered restart, an upgrade, a rollback, a recipe switch) silences these alerts of its
+# own pair for as long as it runs: the pair is down on purpose. A ticket that counts restarts over an hour
+# (TwinSparkRankRestartingOften) is left alone: it judges the hour, not the restart.
+PLANNED_RESTART_ALERTS = ("TwinSparkPairDown", "TwinSparkTargetDown")
+SILENCE_AUTHOR = "twinspark"
+
+
+def silence_target(head: str, host_vars: HostVars, groups: Groups) -> dict[str, str]:
+    """Where a planned restart of `head`'s pair asks for its silence: {monitor, url, pair} (the monitor host, its
+    Alertmanager's base URL and the pair's `pair` label), or {} when the inventory monitors nothing there (no monitor
+    host, monitoring_enabled false, or `head` heads no pair)."""
+    monitor = monitor_host(host_vars, groups)
+    if monitor is None or _is_false(host_vars.get(monitor, {}).get(ENABLED_VAR, True)):
+        return {}
+    for pair in pairs(host_vars, groups):
+        if pair.head == head:
+            return {"monitor": monitor, "url": urls(host_vars, groups)["alertmanager"],
+                    "pair": pair_label(pair, host_vars, groups)}
+    return {}
+
+
+def silence_request(pair: str, why: str, starts: float, ends: float, silence_id: str = "") -> dict[str, object]:
+    """The body of Alertmanager's POST /api/v2/silences for a planned restart of `pair` from `starts` to `ends`
+    (seconds since the epoch); with `silence_id`, the same silence with a new end (how a run ends its silence early,
+    or lets it run out a little after the pair serves again)."""
+    if ends <= starts:
+        raise ValueError(f"a silence must end after it starts ({starts} >= {ends})")
+    stamp = "%Y-%m-%dT%H:%M:%S.000Z"
+    body: dict[str, object] = {
+        "matchers": [{"name": "alertname", "value": "|".join(PLANNED_RESTART_ALERTS), "isRegex": True,
+                      "isEqual": True},
+                     {"name": "pair", "value": pair, "isRegex": False, "isEqual": True}],
+        "startsAt": time.strftime(stamp, time.gmtime(starts)),
+        "endsAt": time.strftime(stamp, time.gmtime(ends)),
+        "createdBy": SILENCE_AUTHOR,
+        "comment": f"planned restart: {why}"[:200],
+    }
+    if silence_id:
+        body["id"] = silence_id
+    return body
 
 
 def prometheus_config(host_vars: HostVars, groups: Groups, interval_s: int, rule_files: Sequence[str],

@@ -3,6 +3,7 @@
   twinspark recipe list [--json]
   twinspark recipe show NAME [--json]
   twinspark recipe check NAME|--all [--nodes N] [--flavour F] [--python PATH] [--memory-bytes N] [--json]
+  twinspark recipe switch NAME [-i INVENTORY] [--limit PAIR] [--check] ...   (playbooks/recipe.yml, docs/RECIPES.md)
 
 `check` runs, per layout of the recipe (or the one for --nodes), every proof docs/RECIPES.md lists: the planner's
 fit on a node's memory, and, with vLLM importable (a node's runtime venv, or --python naming a venv holding the vLLM
@@ -12,7 +13,8 @@ tensor-parallel size and pipeline support (ModelConfig.verify_with_parallel_conf
 parsers, the quantization method, the KV-cache dtype and every VLLM_* variable the recipe sets.
 
 Exit codes: 0 every proof passed, 2 a proof failed (each failure names the recipe field to fix), 3 bad input (no
-such recipe or layout, vLLM not importable).
+such recipe or layout, vLLM not importable). `switch` has the front door's codes (twinspark.frontdoor): 2 for an
+unknown recipe, refused before Ansible runs, else the playbook's exit code or, after it, the health exit code.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from twinspark import launcher, memfit, recipe, settings, vllmcheck
+from twinspark import frontdoor, launcher, memfit, recipe, settings, vllmcheck
 from twinspark import model as checkpoint
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 2, 3
+# `recipe switch` keeps the front door's codes: 2 refused before any run, else the playbook's or health's.
+SWITCH_BAD_INPUT = 2
 # A Spark's memory as the doctor's collector reads it (MemTotal of the handshaped GB10 head in the tests'
 # fixtures, docs/DOCTOR.md): what the planner judges a gb10 recipe against when no node is asked.
 GB10_MEMORY_BYTES = 128_505_040_896
@@ -386,6 +390,22 @@ def cmd_check(args: argparse.Namespace) -> int:
     return _report(result, args.json)
 
 
+def cmd_switch(args: argparse.Namespace) -> int:
+    """`twinspark recipe switch NAME -i INVENTORY`: playbooks/recipe.yml through the front door (a fleet pair by
+    pair); an unknown recipe is refused here, before Ansible runs (exit 2, as the front door refuses)."""
+    try:
+        recipe.get(args.name)
+    except recipe.RecipeError as error:
+        print(f"twinspark recipe switch: {error}", file=sys.stderr)
+        return SWITCH_BAD_INPUT
+    rc = frontdoor.run_verb(args)
+    if rc == 0 and not args.check:
+        print(f"twinspark recipe switch: the pair serves {args.name}; the inventory is not edited: set "
+              f"{recipe.RECIPE_VAR}: {args.name} there, or the next site.yml goes back to the inventory's recipe",
+              file=sys.stderr)
+    return rc
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("recipe", help="the recipes (models) this project serves: list, show, check "
                                                   "against the vLLM that serves them")
@@ -409,3 +429,9 @@ def register(subparsers) -> None:
     checker.add_argument("--memory-bytes", type=int, help="a node's memory for the planner (default: a Spark's)")
     checker.add_argument("--json", action="store_true")
     checker.set_defaults(func=cmd_check)
+    switch = sub.add_parser("switch", help="switch the pair (a fleet: pair by pair) to recipe NAME while it serves, "
+                                           "back to the old recipe when the new one does not serve "
+                                           "(playbooks/recipe.yml)")
+    switch.add_argument("name", metavar="NAME")
+    frontdoor.add_run_arguments(switch, walked=True)
+    switch.set_defaults(func=cmd_switch, verb="recipe-switch")
