@@ -705,31 +705,6 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
-def copy_room(directory: str | Path, manifest: Mapping[str, Any], reserve: int) -> dict[str, Any]:
-    """Whether a copy of the model the manifest describes fits in `directory` beside what the disk holds now: the
-    bytes still to copy (a file already there at its size counts as copied), the free bytes, and the problem."""
-    root = Path(directory)
-    needed = 0
-    for name, entry in dict(manifest.get("files") or {}).items():
-        size = int(entry.get("size") or 0)
-        try:
-            there = (root / name).stat().st_size
-        except OSError:
-            there = -1
-        needed += 0 if there == size else max(size - max(there, 0), 0)
-    free = free_bytes(root)
-    problem = disk_space_problem(needed, free, reserve, str(root))
-    return {"directory": str(root), "needed_bytes": needed, "free_bytes": free, "reserve_bytes": reserve,
-            "ok": problem is None, "problem": problem}
-
-
-def cmd_room(args: argparse.Namespace) -> int:
-    report = copy_room(args.directory, load_manifest(args.manifest), args.reserve_bytes)
-    _print(report, args.json, report["problem"] or (f"{args.directory}: {_human(report['needed_bytes'])} to copy, "
-                                                    f"{_human(report['free_bytes'])} free"))
-    return 0 if report["ok"] else 1
-
-
 def model_copies(models_dir: str | Path, hf_home: str | Path) -> dict[str, Path]:
     """Every model copy a node keeps: the local copies under `models_dir` (by their path) and the hub snapshots under
     HF_HOME (by their repository id)."""
@@ -844,13 +819,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default: DIR/{MANIFEST_NAME} if present, which whoever writes the copy also writes)")
     verify.add_argument("--sha256", action="store_true", help="also compare SHA-256 with the manifest (reads all)")
     verify.set_defaults(func=_guarded(cmd_verify))
-
-    room = verbs.add_parser("room", help="whether a local model copy fits beside what the disk holds (exit 1: no)")
-    room.add_argument("directory", help="where the copy goes")
-    room.add_argument("--manifest", required=True, help="the source's manifest (sizes of every file)")
-    room.add_argument("--reserve-bytes", type=int, default=DEFAULT_RESERVE_BYTES)
-    room.add_argument("--json", action="store_true")
-    room.set_defaults(func=_guarded(cmd_room))
 
     pruner = verbs.add_parser("prune", help="remove model copies no recipe here serves or goes back to (lists "
                               "them unless --apply)")
