@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-recipe sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -96,6 +96,12 @@ sim-migration: setup
 # minutes. CI's sim-test runs the broken candidate only (molecule/default/upgrade_smoke.yml).
 sim-upgrade: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 ansible-playbook -i inventory/sim molecule/default/upgrade.yml
+
+# Recipe switches on a converged simulated pair (make demo first; docs/RECIPES.md "Switching recipes"): a recipe whose
+# model cannot load goes back to tiny-llama, the switch to tiny-qwen3 under a client loop (failed requests counted),
+# and back. About 5 minutes; CI runs the same as the last step of sim-test's faults.
+sim-recipe: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH flock -w 3600 /var/tmp/twinspark-sim.lock timeout 2400 ansible-playbook -i inventory/sim molecule/default/recipe_smoke.yml
 
 # The simulated fleet (two pairs and a router node, docs/FLEET.md): demo, second run, memory, the key on every path,
 # a head SIGKILL, a rolling restart, the upgrade and rollback walks and a stop and start of one pair, each under a

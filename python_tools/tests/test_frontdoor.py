@@ -134,12 +134,13 @@ def test_a_verb_ends_with_the_health_sweep_of_the_same_inventory(project, monkey
 
 @pytest.fixture
 def fleet_project(project):
-    """The tiny project with an upgrade and a rollback playbook, and a loopback fleet inventory of two pairs."""
+    """The tiny project with an upgrade, a rollback and a recipe playbook, and a loopback fleet inventory of two
+    pairs."""
     import yaml
     from test_fleet_inventory import fleet_inventory
 
     (project / "playbooks").mkdir()
-    for verb in ("upgrade", "rollback"):
+    for verb in ("upgrade", "rollback", "recipe"):
         (project / "playbooks" / f"{verb}.yml").write_text(PLAYBOOK)
     tree = fleet_inventory()
     for number, pair in enumerate(tree["all"]["children"]["twinspark_pair"]["children"].values()):
@@ -355,3 +356,19 @@ def test_a_hang_up_midway_still_scrubs_the_runs_environment(project, monkeypatch
     recorded = json.loads((run / "command").read_text())
     assert "env" not in recorded and "hunter2-exported-token" not in (run / "command").read_text()
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL, "the previous handler is back"
+
+
+def test_a_recipe_switch_walks_the_fleet_with_the_recipe_and_names_an_unknown_one_before_any_run(fleet_project,
+                                                                                                monkeypatch, capsys):
+    runs, asked = _fake_runs(monkeypatch), _fake_health(monkeypatch, [0])
+    inventory = str(fleet_project / "fleet.yml")
+    assert cli.main(["recipe", "switch", "tiny-qwen3", "-i", inventory]) == 0
+    wanted = ["--extra-vars", json.dumps({"twinspark_recipe_switch_to": "tiny-qwen3"})]
+    assert runs == [("recipe.yml", wanted + ["--limit", "pair_a"]), ("recipe.yml", wanted + ["--limit", "pair_b"])]
+    assert asked == [inventory, inventory]
+    err = capsys.readouterr().err
+    assert "twinspark recipe switch: pair pair_a (1 of 2): playbooks/recipe.yml --limit pair_a" in err
+    assert "set twinspark_recipe: tiny-qwen3 there, or the next site.yml goes back" in err
+    runs.clear()
+    assert cli.main(["recipe", "switch", "tiny-qwen", "-i", inventory]) == 2
+    assert runs == [] and "no recipe named 'tiny-qwen'" in capsys.readouterr().err

@@ -185,3 +185,42 @@ def test_twinspark_runtime_check_says_the_planners_refusal_first(tmp_path):
                                "--no-gpu"], capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 1
         assert done.stderr.splitlines()[0].startswith(f"twinspark runtime check: {expected}"), done.stderr
+
+
+RECORDED_KV = json.loads((FIXTURES / "recorded_vllm_cpu_kv_cache_size.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("run", RECORDED_KV["runs"], ids=lambda run: run["recipe"])
+def test_the_planner_counts_the_kv_tokens_vllm_logged_on_the_simulated_pair(run, capsys):
+    """The figure vLLM logged at start on the simulated pair for each tiny recipe (recorded from the journal), against
+    the planner's for the same recipe, config and 1 GiB of KV space: within 10 % (both are exact today)."""
+    logged = int(run["line"].split("KV cache size: ")[1].split(" tokens")[0].replace(",", ""))
+    values = {**plan.recipe.defaults("cpu", name=run["recipe"]), "TWINSPARK_PROFILE": "cpu",
+              "TWINSPARK_RECIPE": run["recipe"]}
+    assert values["VLLM_CPU_KVCACHE_SPACE"] == "1" and values["MAX_MODEL_LEN"] == "512"
+    planned = plan.make_plan(values, run["config"], 1_000_000, 24 * 2**30)
+    error = planned.kv_cache_tokens / logged - 1
+    with capsys.disabled():
+        print(f"\n[planner vs vLLM, {run['recipe']}] {planned.kv_cache_tokens:,} vs {logged:,} logged ({error:+.1%}); "
+              f"{planned.kv_layout}")
+    assert abs(error) <= 0.10
+
+
+def test_sliding_window_layers_are_grouped_and_charged_their_window_per_request():
+    """A gpt-oss-like model: 18 sliding (window 128) and 18 full-attention layers, one page size: one group of each
+    (equal counts), and a request takes cdiv(L, 16) full blocks plus cdiv(min(127 + 2 x 8192, L), 16) + 1 sliding."""
+    config = {"num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+              "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18}
+    values = {"TWINSPARK_PROFILE": "gb10", "TWINSPARK_RECIPE": "gpt-oss-120b", "MAX_MODEL_LEN": "131072",
+              "MAX_NUM_BATCHED_TOKENS": "8192"}
+    layout = plan.kv_layout(config, "fp8", values, tp=2)
+    page = 16 * 4 * 2 * 64 * 1  # block x KV heads per rank x (K, V) x head_dim x fp8
+    assert layout.bytes_per_block == 18 * page
+    assert layout.blocks_per_request == 131072 // 16 + (-(-(127 + 16384) // 16) + 1)
+    blocks = (10 * 2**30) // (18 * page)
+    assert layout.tokens(10 * 2**30, 131072) == int(blocks / layout.blocks_per_request * 131072)
+    # Unequal counts beyond 1.5x: groups of the smaller count, the larger bucket split into several groups.
+    config["layer_types"] = ["sliding_attention"] * 30 + ["full_attention"] * 6
+    uneven = plan.kv_layout(config, "fp8", values, tp=2)
+    assert uneven.bytes_per_block == 6 * page
+    assert uneven.blocks_per_request == 131072 // 16 + 5 * (-(-(127 + 16384) // 16) + 1)

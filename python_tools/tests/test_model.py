@@ -517,3 +517,38 @@ def test_fetch_judges_a_pinned_snapshot_by_the_node_s_manifest_when_it_describes
     other = json.loads(outside.read_text()) | {"directory": str(tmp_path / "another")}
     outside.write_text(json.dumps(other))
     assert model.fetch(plan, reserve=0, manifest=outside)["downloaded"] is False  # not this snapshot's manifest
+
+
+def test_prune_keeps_what_serves_and_what_a_switch_goes_back_to_and_lists_before_it_removes(tmp_path, capsys):
+    models, hf_home = tmp_path / "models", tmp_path / "hf"
+    for name in ("tiny-llama", "tiny-qwen3", "old-model"):
+        (models / name).mkdir(parents=True)
+        (models / name / "model.safetensors").write_bytes(b"x" * 100)
+    for repo in ("models--org--kept", "models--org--stale"):
+        (hf_home / "hub" / repo / "blobs").mkdir(parents=True)
+        (hf_home / "hub" / repo / "blobs" / "b").write_bytes(b"y" * 10)
+    env = tmp_path / "serve.env"
+    env.write_text(f"MODEL={models}/tiny-qwen3\n")
+    record = tmp_path / "recipes.json"
+    record.write_text(json.dumps({"current": {"recipe": "tiny-qwen3", "model": f"{models}/tiny-qwen3"},
+                                  "previous": {"recipe": "tiny-llama", "model": f"{models}/tiny-llama"}}))
+    argv = ["model", "prune", "--models-dir", str(models), "--hf-home", str(hf_home), "--env", str(env),
+            "--record", str(record), "--keep", "org/kept", "--json"]
+    assert cli.main(argv) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(listed["removed"]) == [f"{models}/old-model", "org/stale"]
+    assert sorted(listed["kept"]) == [f"{models}/tiny-llama", f"{models}/tiny-qwen3", "org/kept"]
+    assert listed["freed_bytes"] == 110 and not listed["applied"] and not listed["changed"]
+    assert (models / "old-model").is_dir() and (hf_home / "hub" / "models--org--stale").is_dir()  # listed only
+    assert cli.main([*argv, "--apply"]) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] is True
+    assert not (models / "old-model").exists() and not (hf_home / "hub" / "models--org--stale").exists()
+    assert (models / "tiny-llama").is_dir() and (hf_home / "hub" / "models--org--kept").is_dir()
+
+
+def test_prune_with_nothing_to_keep_refuses_rather_than_removing_every_copy(tmp_path, capsys):
+    (tmp_path / "models" / "a").mkdir(parents=True)
+    assert cli.main(["model", "prune", "--models-dir", str(tmp_path / "models"), "--hf-home", str(tmp_path / "hf"),
+                     "--apply"]) == 2
+    assert "nothing to keep" in capsys.readouterr().err
+    assert (tmp_path / "models" / "a").is_dir()

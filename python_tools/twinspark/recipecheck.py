@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from twinspark import frontdoor, launcher, memfit, recipe, settings, vllmcheck
+from twinspark import frontdoor, inventory, launcher, memfit, recipe, settings, vllmcheck
 from twinspark import model as checkpoint
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 2, 3
@@ -399,11 +399,27 @@ def cmd_switch(args: argparse.Namespace) -> int:
         print(f"twinspark recipe switch: {error}", file=sys.stderr)
         return SWITCH_BAD_INPUT
     rc = frontdoor.run_verb(args)
-    if rc == 0 and not args.check:
-        print(f"twinspark recipe switch: the pair serves {args.name}; the inventory is not edited: set "
-              f"{recipe.RECIPE_VAR}: {args.name} there, or the next site.yml goes back to the inventory's recipe",
-              file=sys.stderr)
+    named = inventory_recipes(args.inventory or inventory.default_inventory())
+    if rc == 0 and not args.check and named != {args.name}:
+        print(f"twinspark recipe switch: the pairs serve {args.name}; the inventory, which names "
+              f"{', '.join(sorted(named)) or 'no recipe'}, is not edited: set {recipe.RECIPE_VAR}: {args.name} there, "
+              "or the next site.yml goes back to the inventory's recipe", file=sys.stderr)
     return rc
+
+
+def inventory_recipes(source: str) -> set[str]:
+    """The recipes an inventory's heads serve (twinspark_recipe, else their profile's default); empty when it cannot
+    be read."""
+    try:
+        host_vars, groups = inventory.read_hosts(source)
+    except Exception:  # noqa: BLE001 - only the closing hint depends on it
+        return set()
+    found = set()
+    for head in groups.get("twinspark_head", []):
+        own = host_vars.get(head, {})
+        profile = str(own.get("twinspark_profile") or settings.default_profile())
+        found.add(str(own.get(recipe.RECIPE_VAR) or recipe.default_name(profile)))
+    return found
 
 
 def register(subparsers) -> None:
