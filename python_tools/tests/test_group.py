@@ -1,0 +1,146 @@
+"""Groups (twinspark.group, docs/GROUPS.md): ranks, layouts and topologies as pure rules over the inventory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twinspark import group, inventory, recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = json.loads((Path(__file__).parent / "fixtures" / "recorded_before_recipes.json").read_text())
+
+
+def ranked(count: int, topology: str | None = None, links=None, tp=None, pp=None, **extra):
+    """An inventory group of `count` nodes n0..n{count-1} with ranks, and rank 0's group settings."""
+    hosts = [f"n{i}" for i in range(count)]
+    host_vars = {host: {"twinspark_rank": i, "twinspark_fabric_address": f"10.9.0.{i + 1}"}
+                 for i, host in enumerate(hosts)}
+    first = host_vars["n0"]
+    for var, value in ((group.TOPOLOGY_VAR, topology), (group.LINKS_VAR, links), (group.TP_VAR, tp),
+                       (group.PP_VAR, pp)):
+        if value is not None:
+            first[var] = value
+    first.update(extra)
+    return group.read("g", hosts, host_vars, {}), host_vars
+
+
+def ring_links(count: int, crossed: bool = False):
+    """A closed ring, port 0 of each node to port 1 of the next; `crossed`: n1-n2 cabled port 0 to port 0 and n2-n3
+    port 1 to port 1 (every port used once, the ring's direction broken: the miscabling that fails at the first
+    all-reduce)."""
+    links = [{"a": f"n{i}", "a_port": 0, "b": f"n{(i + 1) % count}", "b_port": 1} for i in range(count)]
+    if crossed:
+        links[1] = {"a": "n1", "a_port": 0, "b": "n2", "b_port": 0}
+        links[2] = {"a": "n2", "a_port": 1, "b": "n3", "b_port": 1}
+    return links
+
+
+def test_todays_pair_is_the_group_of_two_with_the_same_launch_flags():
+    host_vars, groups = inventory.read_hosts(ROOT / "inventory" / "sim")
+    pair = group.read("twinspark_pair", groups["twinspark_pair"], host_vars, groups)
+    assert (pair.ranks, pair.topology, pair.tp, pair.pp, pair.problems) == (("node1", "node2"), "direct", 2, 1, ())
+    assert group.problems([pair], host_vars, {pair.name: recipe.get("tiny-llama")}) == []
+    # The flags the launcher passed before groups existed (recorded), rank by rank: the group's are the same values.
+    for rank in (0, 1):
+        before = RECORDED[f"cpu/stock/rank{rank}"]["dry_run"]["argv"]
+        master = before[before.index("--master-addr") + 1]
+        port = int(before[before.index("--master-port") + 1])
+        args = group.launch_args(pair, rank, master, port)
+        flags = [a for a in args if a.startswith("--")]
+        for flag in flags:
+            assert flag in before
+            if flag != "--headless":
+                assert before[before.index(flag) + 1] == args[args.index(flag) + 1], flag
+        assert ("--headless" in before) == (rank == 1) == ("--headless" in args)
+
+
+def test_a_group_of_one_is_a_single_spark_with_no_fabric_and_no_multi_node_flags():
+    single, host_vars = ranked(1)
+    assert single.topology == "single" and group.problems([single], host_vars) == []
+    assert group.launch_args(single, 0, "unused") == ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "1"]
+    assert group.pass_mark(single) is None and group.nccl_env(single) == {}
+
+
+def test_four_nodes_through_a_switch_start_from_the_last_rank_and_only_rank_0_serves_the_api():
+    four, host_vars = ranked(4, "switch")
+    assert group.problems([four], host_vars, {"g": recipe.get("deepseek-v4-flash")}) == []
+    assert group.start_order(four) == ["n3", "n2", "n1", "n0"] and group.stop_order(four) == ["n0", "n1", "n2", "n3"]
+    assert group.launch_args(four, 2, "10.9.0.1") == [
+        "--tensor-parallel-size", "4", "--pipeline-parallel-size", "1", "--nnodes", "4", "--node-rank", "2",
+        "--master-addr", "10.9.0.1", "--master-port", "29501", "--headless"]
+    assert "--headless" not in group.launch_args(four, 0, "10.9.0.1")
+    assert group.nccl_env(four) == {} and group.pass_mark(four) == 21.875
+    plan = group.fabric_plan(four)
+    # Twins on separate subnets: no node has two addresses on one /24.
+    for host, ports in plan.items():
+        subnets = [entry["address"].rsplit(".", 1)[0] for entry in ports]
+        assert len(subnets) == len(set(subnets)) == 4, host
+    assert plan["n2"][0] == {"port": 0, "twin": 0, "address": "10.200.0.3/24", "peer": "switch"}
+    with pytest.raises(ValueError, match="rank 4 is not in group g"):
+        group.launch_args(four, 4, "10.9.0.1")
+
+
+def test_a_closed_ring_gets_its_ring_nccl_settings_and_one_subnet_per_cable_twin():
+    ring, host_vars = ranked(4, "ring", ring_links(4))
+    assert group.problems([ring], host_vars, {"g": recipe.get("deepseek-v4-flash")}) == []
+    assert group.ring_order(ring) == ["n0", "n1", "n2", "n3"]
+    env = group.nccl_env(ring, "enP7s7")
+    assert env == {"NCCL_NET_PLUGIN": "none", "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_MERGE_NICS": "0",
+                   "NCCL_IB_HCA": group.ALL_ROCE_DEVICES, "NCCL_SOCKET_IFNAME": "enP7s7", "NCCL_ALGO": "Ring"}
+    plan = group.fabric_plan(ring)
+    assert [e["peer"] for e in plan["n0"]] == ["n1", "n1", "n3", "n3"]
+    assert plan["n0"][0]["address"] == "10.200.0.1/24" and plan["n1"][0]["address"] == "10.200.0.2/24"
+    every = [e["address"] for entries in plan.values() for e in entries]
+    assert len(every) == len(set(every)) == 16  # four cables x two twins x two ends
+
+
+def test_a_three_node_mesh_gets_the_subnet_routing_without_the_ring_algorithm():
+    links = [{"a": "n0", "a_port": 0, "b": "n1", "b_port": 1}, {"a": "n1", "a_port": 0, "b": "n2", "b_port": 1},
+             {"a": "n2", "a_port": 0, "b": "n0", "b_port": 1}]
+    mesh, host_vars = ranked(3, "mesh", links, tp=1, pp=3)
+    assert group.problems([mesh], host_vars, {"g": None}) == []
+    assert "NCCL_ALGO" not in group.nccl_env(mesh) and group.nccl_env(mesh)["NCCL_NET_PLUGIN"] == "none"
+    assert group.pass_mark(mesh) == 10.0
+
+
+@pytest.mark.parametrize(("build", "wanted"), [
+    (lambda: ranked(4, "ring", ring_links(4, crossed=True)), "does not close one ring"),
+    (lambda: ranked(4, "ring", ring_links(4)[:3]), "does not close one ring"),
+    (lambda: ranked(3, "ring", ring_links(3)), "three nodes cabled to each other are the mesh"),
+    (lambda: ranked(3, "mesh", ring_links(3)[:2], tp=1, pp=3), "missing n0-n2"),
+    (lambda: ranked(3), "a group of three or more must say how it is cabled"),
+    (lambda: ranked(4, "switch", tp=2), "is 2 x 1 = 2, but the group has 4 node(s)"),
+    (lambda: ranked(2, "direct", ring_links(2)), "only a mesh or a ring reads"),
+])
+def test_bad_groups_are_refused_naming_the_variable(build, wanted):
+    bad, host_vars = build()
+    found = group.problems([bad], host_vars)
+    assert any(wanted in line for line in found), found
+
+
+def test_tp_that_does_not_divide_the_heads_and_pp_without_pipeline_support_are_refused():
+    three, host_vars = ranked(3, "switch")  # TP=3 by default: DeepSeek-V4's 64 heads refuse it
+    found = group.problems([three], host_vars, {"g": recipe.get("deepseek-v4-flash")})
+    assert any("does not divide recipe deepseek-v4-flash's 64 attention heads" in line for line in found), found
+    piped, host_vars = ranked(4, "switch", tp=2, pp=2)
+    found = group.problems([piped], host_vars, {"g": recipe.get("deepseek-v4-flash")})
+    assert any("does not support pipeline parallelism" in line for line in found), found
+    assert group.problems([piped], host_vars, {"g": recipe.get("minimax-m2")}) == []  # laid out for TP2xPP2
+
+
+def test_ranks_nodes_and_fabric_addresses_belong_to_one_place_each():
+    hosts = ["a", "b", "c"]
+    host_vars = {"a": {"twinspark_rank": 0, "twinspark_topology": "mesh"}, "b": {"twinspark_rank": 0},
+                 "c": {"twinspark_rank": "x"}}
+    bad = group.read("g", hosts, host_vars, {})
+    assert any("twinspark_rank 0 is given to both a and b" in line for line in bad.problems)
+    assert any("twinspark_rank on c must be a whole number" in line for line in bad.problems)
+    one, host_vars = ranked(2, "direct")
+    other = group.read("h", ["n1", "m"], {**host_vars, "m": {"twinspark_rank": 0,
+                                                              "twinspark_fabric_address": "10.9.0.1"}}, {})
+    found = group.problems([one, other], {**host_vars, "m": {"twinspark_fabric_address": "10.9.0.1"}})
+    assert any("n1 is in groups g and h" in line for line in found), found
+    assert any("twinspark_fabric_address 10.9.0.1 is given to both n0 and m" in line for line in found), found
