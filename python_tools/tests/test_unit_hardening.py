@@ -17,7 +17,8 @@ import pytest
 from nft_namespace import connections, needs_nft_namespace
 from test_serve_env_role import inventory_vars, load_filters
 
-from twinspark import generate, layout, runtime_sandbox, settings
+from twinspark import generate, layout, settings
+from twinspark.runtime import sandbox
 
 ROOT = generate.repo_root()
 # Exposure ceilings from issue 15 (systemd-analyze's 0-10 scale, lower is better).
@@ -198,10 +199,21 @@ def test_a_stop_grace_of_zero_is_refused_naming_both_variables(tmp_path, head, w
 def test_locally_only_the_serving_account_may_open_the_internal_ports(rendered, profile):
     table = _unit(rendered, profile, 0, "twinspark.nft")
     output = table[table.index("chain output"):]
-    assert re.search(r"^\s*oifname != \"lo\" accept$", output, re.M)
-    assert re.search(r"^\s*meta skuid twinspark accept$", output, re.M)
-    internal = re.search(r"^\s*tcp dport \{ (.+) \} counter reject with tcp reset", output, re.M).group(1)
-    assert internal == re.search(r"^\s*tcp dport \{ (.+) \} counter drop comment \"rendezvous", table, re.M).group(1)
+    lines = [line.strip() for line in output.splitlines()]
+    skuid, leave = lines.index("meta skuid twinspark accept"), lines.index('oifname != "lo" accept')
+    internal = re.search(r"^\s*tcp dport \{ (.+) \} counter drop comment \"rendezvous", table, re.M).group(1)
+    # Before anything leaves this node, the peer's internal ports over the fabric are the serving account's only
+    # (issue 43, row 5); then loopback's, as before.
+    hostvars, groups = inventory_vars(ROOT / "inventory" / ("sim" if profile == "cpu" else "example"))
+    worker_fabric = str(hostvars[groups["twinspark_worker"][0]]["twinspark_fabric_address"]).split("/")[0]
+    peer = re.search(r"^\s*tcp dport \{ (.+) \} ip6? daddr (\S+) counter reject with tcp reset", output, re.M)
+    assert peer and (peer.group(1), peer.group(2)) == (internal, worker_fabric), output
+    def where(found: re.Match) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(found.group(0).strip()))
+
+    assert skuid < where(peer) < leave
+    local = re.search(r"^\s*tcp dport \{ (.+) \} counter reject with tcp reset", output, re.M)
+    assert local.group(1) == internal and where(local) > leave
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])
@@ -215,8 +227,8 @@ def test_root_runs_the_runtime_check_as_the_serving_account_in_a_sandbox(rendere
     for host in sorted(p.name for p in where.iterdir() if p.is_dir()):
         node = layout.from_vars(hostvars[host])
         head = host in groups["twinspark_head"]  # the worker's check, like its rank, gets no secrets.env at all
-        command = runtime_sandbox.check_command(node.python, [node.serve_env] + ([node.secrets_env] if head else []))
-        expected = runtime_sandbox.wrap(command, profile, node.service_user, node.secrets_env if head else "")
+        command = sandbox.check_command(node.python, [node.serve_env] + ([node.secrets_env] if head else []))
+        expected = sandbox.wrap(command, profile, node.service_user, node.secrets_env if head else "")
         argv = json.loads((where / host / "runtime-check.argv.json").read_text())
         assert argv == expected, host
         env = load_filters().twinspark_node_env(hostvars[host], hostvars, groups)
