@@ -15,7 +15,8 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import budget, envfile, fleet, nodeenv, recipe, settings, tls, wheelhouse
+from twinspark import budget, envfile, nodeenv, recipe, settings, tls, wheelhouse
+from twinspark.fleet import rules as fleet
 
 # Parsed once, when the plugin loads: callback_plugins/twinspark_plugin_preload.py loads it in ansible-playbook's own
 # process, so each task's forked worker inherits the parsed registry instead of parsing settings.yml again.
@@ -71,7 +72,7 @@ def _with_drain_defaults(host_name, groups, all_hostvars):
 
 
 def twinspark_own_pair(host_name, *args):
-    """host_name's own pair as {name, head, worker, hosts: [head, worker], problems} (rule: twinspark.fleet.own_pair),
+    """host_name's own pair as {name, head, worker, hosts: [head, worker], problems} (rule: twinspark.fleet.rules.own_pair),
     e.g. inventory_hostname | twinspark_own_pair(groups, hostvars); the roles read it through twinspark_layout.
     problems: what is wrong with a one-pair inventory's groups (nodeenv.group_problems), [] on a fleet, whose pairs
     are only ever returned well-formed."""
@@ -104,7 +105,7 @@ def twinspark_node_env(host_vars, *args):
 
 
 def twinspark_pair_problems(all_hostvars, groups):
-    """Every problem of the inventory, one line each: the fleet's rules (python_tools/twinspark/fleet.py: pairs,
+    """Every problem of the inventory, one line each: the fleet's rules (python_tools/twinspark/fleet/rules.py: pairs,
     router, port clashes), then each pair's own, prefixed by the pair's name when the inventory names its pairs."""
     plain = _plain_hostvars(all_hostvars, groups)
     lines = fleet.problems(plain, groups)

@@ -1,4 +1,4 @@
-"""Ansible filters for roles/router over twinspark.routerconf (the rules live in the Python package)."""
+"""Ansible filters for roles/router over twinspark.fleet.router_config (the rules live in the Python package)."""
 
 from __future__ import annotations
 
@@ -10,24 +10,24 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import routerconf
+from twinspark.fleet import router_config
 
 
 def twinspark_router_worker_urls(all_hostvars, groups, router):
     """Every fronted pair's head API URL, for the router on host `router`."""
     plain = {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
     try:
-        return routerconf.worker_urls(plain, groups, str(router))
+        return router_config.worker_urls(plain, groups, str(router))
     except ValueError as error:
         raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
 
 
 def twinspark_router_startup_wait(all_hostvars, groups, router):
     """How long the router on host `router` waits at start for a pair's /health: the longest of its pairs'
-    first-boot budgets (routerconf.startup_wait)."""
+    first-boot budgets (router_config.startup_wait)."""
     plain = {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
     try:
-        return routerconf.startup_wait(plain, groups, str(router))
+        return router_config.startup_wait(plain, groups, str(router))
     except ValueError as error:
         raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
 
@@ -35,10 +35,10 @@ def twinspark_router_startup_wait(all_hostvars, groups, router):
 def twinspark_router_exec_start(urls, python, launcher, keycheck_url, listen_host, port, metrics_port, policy,
                                 worker_key_file=None, startup_wait_s=None):
     try:
-        return routerconf.exec_start(str(python), str(launcher), str(keycheck_url), str(listen_host), int(port),
-                                     int(metrics_port), [str(u) for u in urls], str(policy),
-                                     str(worker_key_file) if worker_key_file else None,
-                                     int(startup_wait_s) if startup_wait_s is not None else None)
+        return router_config.exec_start(str(python), str(launcher), str(keycheck_url), str(listen_host), int(port),
+                                        int(metrics_port), [str(u) for u in urls], str(policy),
+                                        str(worker_key_file) if worker_key_file else None,
+                                        int(startup_wait_s) if startup_wait_s is not None else None)
     except ValueError as error:
         raise AnsibleFilterError(str(error)) from None
 

@@ -1,5 +1,5 @@
 """Ansible filters for the vllm_service role: thin adapters over twinspark.api, twinspark.pair.lifecycle and
-twinspark.runtime_sandbox.
+twinspark.runtime.sandbox.
 
 How the head's API is reached (wildcard bind -> loopback, the first key), what makes the pair need an ordered
 restart and how root starts the runtime check (as the serving account, sandboxed) are decided in Python, once, for
@@ -17,8 +17,9 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
 
 from ansible.errors import AnsibleFilterError
 from twinspark import api as head_api
-from twinspark import budget, runtime_sandbox
+from twinspark import budget
 from twinspark.pair import lifecycle
+from twinspark.runtime import sandbox
 
 
 def twinspark_pair_api(env):
@@ -58,20 +59,20 @@ def twinspark_pair_restart_reasons(probes, flag_path="restart-pending", unit="th
 
 def twinspark_runtime_check_sandbox(command, profile, user, secrets_env):
     """The runtime check's argv (a list) -> the argv root runs: systemd-run starting it as `user` in a sandboxed
-    transient unit, with `secrets_env` as its credential (twinspark.runtime_sandbox.wrap)."""
+    transient unit, with `secrets_env` as its credential (twinspark.runtime.sandbox.wrap)."""
     try:
-        return runtime_sandbox.wrap([str(word) for word in command], str(profile), str(user), str(secrets_env))
+        return sandbox.wrap([str(word) for word in command], str(profile), str(user), str(secrets_env))
     except ValueError as error:
         raise AnsibleFilterError(f"twinspark_runtime_check_sandbox: {error}") from None
 
 
 def twinspark_fabric_bench_sandbox(command, profile, user, environment, timeout_s):
     """`twinspark fabric bench`'s argv -> the argv root runs: systemd-run starting it as `user` in a sandboxed
-    transient unit with the network, the profile's devices and `environment` (twinspark.runtime_sandbox)."""
+    transient unit with the network, the profile's devices and `environment` (twinspark.runtime.sandbox)."""
     try:
-        return runtime_sandbox.wrap_fabric_bench([str(word) for word in command], str(profile), str(user),
-                                                 {str(k): str(v) for k, v in dict(environment).items()},
-                                                 int(timeout_s))
+        return sandbox.wrap_fabric_bench([str(word) for word in command], str(profile), str(user),
+                                         {str(k): str(v) for k, v in dict(environment).items()},
+                                         int(timeout_s))
     except ValueError as error:
         raise AnsibleFilterError(f"twinspark_fabric_bench_sandbox: {error}") from None
 

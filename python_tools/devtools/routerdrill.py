@@ -1,8 +1,8 @@
 """Loopback drills with the real vllm-router 0.1.17 and two handshaped pairs (devtools.handshaped_openai).
 
 Everything listens on 127.0.0.1. `Drill` starts the key check (client and admin key), two backends (separate
-processes, so a SIGKILL is a real one), the router through routerlaunch.py with the flags roles/router uses
-(`ROUTER_FLAGS`) on a port of its own, and the front in front of it (routerlaunch.front_server, as roles/router
+processes, so a SIGKILL is a real one), the router through router_launch.py with the flags roles/router uses
+(`ROUTER_FLAGS`) on a port of its own, and the front in front of it (router_launch.front_server, as roles/router
 runs it): `base` is the front, where clients connect; `router_base` the router itself. Then:
 
   kill   a bounded client loop; at `kill_at` one backend gets SIGKILL, at `back_at` it is started again on the
@@ -30,17 +30,17 @@ import threading
 import time
 from pathlib import Path
 
-from twinspark import routerclient, routerconf, routerlaunch
+from twinspark.fleet import router_client, router_config, router_launch
 
 HERE = Path(__file__).resolve().parent
 # Started as a script, as roles/router runs it on the router node.
-LAUNCHER = Path(routerlaunch.__file__).resolve()
+LAUNCHER = Path(router_launch.__file__).resolve()
 KEY = "drill-test-only-key"
 # The router's admin key (the front lets only it through to the admin paths), as the fleet's drain sends it.
 ADMIN_KEY = "drill-test-only-admin-key"
 
-# The flags roles/router renders (routerconf.flags: policy, health checks, retries, circuit breaker).
-ROUTER_FLAGS = routerconf.flags()
+# The flags roles/router renders (router_config.flags: policy, health checks, retries, circuit breaker).
+ROUTER_FLAGS = router_config.flags()
 
 
 def router_python() -> str | None:
@@ -127,10 +127,10 @@ class Drill:
         proc.wait(timeout=10)
 
     def __enter__(self) -> Drill:
-        self.keycheck = routerlaunch.keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY, ADMIN_KEY])
+        self.keycheck = router_launch.keycheck_server(f"127.0.0.1:{self.keycheck_port}", [KEY, ADMIN_KEY])
         threading.Thread(target=self.keycheck.serve_forever, daemon=True).start()
-        self.front = routerlaunch.front_server(f"127.0.0.1:{self.router_port}", f"127.0.0.1:{self.upstream_port}",
-                                               [KEY], [ADMIN_KEY], upstream_timeout_s=150, upstream_retry_s=30)
+        self.front = router_launch.front_server(f"127.0.0.1:{self.router_port}", f"127.0.0.1:{self.upstream_port}",
+                                                [KEY], [ADMIN_KEY], upstream_timeout_s=150, upstream_retry_s=30)
         threading.Thread(target=self.front.serve_forever, daemon=True).start()
         for name in self.ports:
             self.start_backend(name)
@@ -147,7 +147,7 @@ class Drill:
              "--worker-urls", self.url("a"), self.url("b"), *ROUTER_FLAGS, *self.extra_flags],
             stdout=self._log("router"), stderr=subprocess.STDOUT)
         if wait:
-            _wait(lambda: routerclient.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
+            _wait(lambda: router_client.request(self.base, "/liveness", KEY, timeout_s=1)[0] == 200, 60, "router ready")
 
     def restart_router(self) -> tuple[float, float]:
         """SIGTERM the router (its graceful stop), start it again: (seconds to stop, seconds to answer again)."""
@@ -175,13 +175,13 @@ class Drill:
                 server.server_close()
 
     def health(self) -> dict[str, bool]:
-        status, text = routerclient.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
-        return routerclient.worker_health(text) if status == 200 else {}
+        status, text = router_client.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
+        return router_client.worker_health(text) if status == 200 else {}
 
     def served_by(self, name: str) -> float:
         """The router's processed-request count for one backend (its Prometheus counter)."""
-        _, text = routerclient.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
-        return routerclient.processed(text, self.url(name))
+        _, text = router_client.request(f"http://127.0.0.1:{self.metrics_port}", "/metrics", None, timeout_s=2)
+        return router_client.processed(text, self.url(name))
 
     def run_restart(self, total: int = 300, concurrency: int = 2, restart_at: int = 60,
                     client_timeout_s: float = 10) -> dict:
@@ -194,16 +194,16 @@ class Drill:
             took["stop_s"], took["start_s"] = self.restart_router()
             took["restart_s"] = took["stop_s"] + took["start_s"]
 
-        def on_done(_outcome: routerclient.Outcome) -> None:
+        def on_done(_outcome: router_client.Outcome) -> None:
             with lock:
                 done["n"] += 1
                 n = done["n"]
             if n == restart_at:
                 threading.Thread(target=restart).start()
 
-        outcomes = routerclient.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=client_timeout_s)
+        outcomes = router_client.client_loop(self.base, KEY, total, concurrency, on_done, timeout_s=client_timeout_s)
         _wait(lambda: "restart_s" in took, 60, "router restarted")
-        figures = routerclient.summarise(outcomes)
+        figures = router_client.summarise(outcomes)
         # a refused connection fails at once, so a fast loop's failed count says little: the window is the figure
         figures.pop("failed_indices")
         figures.update({"mode": "restart", "concurrency": concurrency, "stop_s": round(took["stop_s"], 2),
@@ -231,8 +231,8 @@ class Drill:
             try:
                 if step == "out":
                     if mode == "drain":
-                        status, _ = routerclient.request(self.base, f"/remove_worker?url={self.url(victim)}",
-                                                         ADMIN_KEY, "POST")
+                        status, _ = router_client.request(self.base, f"/remove_worker?url={self.url(victim)}",
+                                                          ADMIN_KEY, "POST")
                         actions.append(f"remove_worker {status}")
                         # the requests already sent to the victim finish before it is touched
                         time.sleep(2 * self.delay_s + 0.2)
@@ -244,19 +244,19 @@ class Drill:
                         # loop can reach back_at before the health checker's second failed check
                         deadline = time.monotonic() + 30
                         while (time.monotonic() < deadline
-                               and routerclient.first_time(samples, False, marks.get("kill", float("inf"))) is None):
+                               and router_client.first_time(samples, False, marks.get("kill", float("inf"))) is None):
                             time.sleep(0.1)
                     self.start_backend(victim)
                     marks["back"] = time.monotonic()
                     marks["served_at_back"] = self.served_by(victim)
                     if mode == "drain":
-                        status, _ = routerclient.request(self.base, f"/add_worker?url={self.url(victim)}",
-                                                         ADMIN_KEY, "POST", timeout_s=130)
+                        status, _ = router_client.request(self.base, f"/add_worker?url={self.url(victim)}",
+                                                          ADMIN_KEY, "POST", timeout_s=130)
                         actions.append(f"add_worker {status}")
             except Exception as error:  # noqa: BLE001 - reported in the figures, never hidden
                 actions.append(f"{step} failed: {error}")
 
-        def on_done(_outcome: routerclient.Outcome) -> None:
+        def on_done(_outcome: router_client.Outcome) -> None:
             with lock:
                 done["n"] += 1
                 n = done["n"]
@@ -268,24 +268,24 @@ class Drill:
         watcher = threading.Thread(target=sampler, daemon=True)
         watcher.start()
         started = time.monotonic()
-        outcomes = routerclient.client_loop(self.base, KEY, total, concurrency, on_done)
+        outcomes = router_client.client_loop(self.base, KEY, total, concurrency, on_done)
         elapsed = time.monotonic() - started
         _wait(lambda: "back" in marks, 30, "victim restarted")
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and routerclient.first_time(samples, True, marks["back"]) is None:
+        while time.monotonic() < deadline and router_client.first_time(samples, True, marks["back"]) is None:
             time.sleep(0.1)
         # after the rejoin, some traffic must reach the victim again
-        after = routerclient.client_loop(self.base, KEY, 20, concurrency)
+        after = router_client.client_loop(self.base, KEY, 20, concurrency)
         stop.set()
         watcher.join(timeout=5)
-        eject = routerclient.first_time(samples, False, marks.get("kill", float("inf")))
-        rejoin = routerclient.first_time(samples, True, marks["back"])
-        figures = routerclient.summarise(outcomes)
+        eject = router_client.first_time(samples, False, marks.get("kill", float("inf")))
+        rejoin = router_client.first_time(samples, True, marks["back"])
+        figures = router_client.summarise(outcomes)
         figures.update({
             "mode": mode, "concurrency": concurrency, "loop_s": round(elapsed, 2), "actions": actions,
             "eject_s": None if eject is None else round(eject - marks["kill"], 2),
             "rejoin_s": None if rejoin is None else round(rejoin - marks["back"], 2),
-            "after_rejoin_failed": routerclient.summarise(after)["failed"],
+            "after_rejoin_failed": router_client.summarise(after)["failed"],
             "victim_served_after_back": self.served_by(victim) - marks["served_at_back"],
         })
         return figures

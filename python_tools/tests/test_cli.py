@@ -67,7 +67,7 @@ def test_a_module_that_fails_to_import_breaks_only_its_own_commands(monkeypatch,
     assert "VLLM" in capsys.readouterr().out
     assert cli.main(["model", "verify", "/nonexistent"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("twinspark model: cannot import twinspark.model") and err.count("\n") == 1
+    assert err.startswith("twinspark model: cannot import twinspark.weights") and err.count("\n") == 1
     with pytest.raises(SystemExit) as done:
         cli.main(["--help"])
     assert done.value.code == 0 and "fetch, verify and describe model weights" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Drain before touch (twinspark.drain): the rules, the order around the work, and the pair CLI with a router.
+"""Drain before touch (twinspark.fleet.drain): the rules, the order around the work, and the pair CLI with a router.
 
 The router and the pair are stood in for here; tests/test_drain_loopback.py runs the same code against the real
 vllm-router on loopback.
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from test_pairlife_cycle import Head
 
-from twinspark import cli, drain
+from twinspark import cli
+from twinspark.fleet import drain
 from twinspark.pair import cli as pair_cli
 from twinspark.pair import guard, rules
 from twinspark.pair import lifecycle as pl

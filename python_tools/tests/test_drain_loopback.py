@@ -1,5 +1,6 @@
 """Drain before touch on loopback: the real vllm-router 0.1.17, two handshaped pairs, a client loop through the
-router, and `twinspark.drain.drained` around a restart of one pair (its backend process stopped and started again).
+router, and `twinspark.fleet.drain.drained` around a restart of one pair (its backend process stopped and started
+again).
 
 Skipped, with the reason, where vllm_router is not importable. Assertions are about behaviour (failed requests,
 the router's worker list, who takes traffic); the figures are printed.
@@ -12,7 +13,8 @@ import threading
 import pytest
 
 from devtools import routerdrill
-from twinspark import api, drain, routerclient
+from twinspark import api
+from twinspark.fleet import drain, router_client
 
 PYTHON = routerdrill.router_python()
 pytestmark = pytest.mark.skipif(
@@ -28,7 +30,7 @@ def drill():
 
 
 def _listed(drill) -> str:
-    status, text = routerclient.request(drill.base, "/list_workers", routerdrill.ADMIN_KEY)
+    status, text = router_client.request(drill.base, "/list_workers", routerdrill.ADMIN_KEY)
     assert status == 200
     return text
 
@@ -50,7 +52,7 @@ def _drained_restart(drill, victim: str, gave_up: bool, total: int = 120, at: in
     def work() -> drain.WorkResult:
         drill.kill_backend(victim)
         drill.start_backend(victim)
-        status, _ = routerclient.chat_once(drill.url(victim), routerdrill.KEY)  # the pair's own generation probe
+        status, _ = router_client.chat_once(drill.url(victim), routerdrill.KEY)  # the pair's own generation probe
         return drain.WorkResult(served=status == 200, gave_up=gave_up)
 
     def act() -> None:
@@ -68,16 +70,16 @@ def _drained_restart(drill, victim: str, gave_up: bool, total: int = 120, at: in
         if n == at:
             threading.Thread(target=act).start()
 
-    outcomes = routerclient.client_loop(drill.base, routerdrill.KEY, total, 2, on_done)
+    outcomes = router_client.client_loop(drill.base, routerdrill.KEY, total, 2, on_done)
     assert done["finished"].wait(60), "the drained restart did not finish"
-    return routerclient.summarise(outcomes), lines, seen_running
+    return router_client.summarise(outcomes), lines, seen_running
 
 
 @pytest.mark.slow(28)
 def test_a_drained_restart_loses_no_request_and_the_pair_takes_traffic_again(drill):
     figures, lines, seen_running = _drained_restart(drill, "a", gave_up=False)
     before = drill.served_by("a")
-    after = routerclient.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    after = router_client.client_loop(drill.base, routerdrill.KEY, 40, 2)
     served_after = drill.served_by("a") - before
     print("drained restart:", {k: figures[k] for k in ("total", "ok", "failed", "statuses")},
           "metrics readings:", seen_running, "lines:", lines, "victim served after:", served_after)
@@ -86,7 +88,7 @@ def test_a_drained_restart_loses_no_request_and_the_pair_takes_traffic_again(dri
     assert lines[1].startswith("the pair is idle")
     assert lines[-1].endswith("add_worker done")
     assert drill.url("a") in _listed(drill)
-    assert routerclient.summarise(after)["failed"] == 0
+    assert router_client.summarise(after)["failed"] == 0
     assert served_after > 0
 
 
@@ -94,7 +96,7 @@ def test_a_drained_restart_loses_no_request_and_the_pair_takes_traffic_again(dri
 def test_a_pair_the_guard_gave_up_on_stays_out(drill):
     figures, lines, _ = _drained_restart(drill, "a", gave_up=True)
     before = drill.served_by("a")
-    after = routerclient.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    after = router_client.client_loop(drill.base, routerdrill.KEY, 40, 2)
     print("given up:", {k: figures[k] for k in ("total", "ok", "failed")}, "lines:", lines)
     assert figures["failed"] == 0
     assert "gave up" in lines[-1]
@@ -128,10 +130,10 @@ def test_a_pair_the_guard_gave_up_on_is_taken_out_again_after_a_router_restart(d
     stop_s, start_s = drill.restart_router()
     assert drill.url("a") in _listed(drill), "a restarted router lists the given-up pair again"
     assert drain.keep_out(router, lambda p, m: said.append((p, m))) is True
-    after = routerclient.client_loop(drill.base, routerdrill.KEY, 40, 2)
+    after = router_client.client_loop(drill.base, routerdrill.KEY, 40, 2)
     print(f"router restart: stopped in {stop_s:.1f} s, answering {start_s:.1f} s later; lines: {said}")
     assert drill.url("a") not in _listed(drill) and drill.url("b") in _listed(drill)
-    assert routerclient.summarise(after)["failed"] == 0
+    assert router_client.summarise(after)["failed"] == 0
     assert {o.answer for o in after} == {"hello from b"}
     assert [p for p, _ in said] == [4, 7, 4]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import budget, generate, launcher, nodeenv, recipe, routerconf, settings, validate
+from twinspark import budget, generate, launcher, nodeenv, recipe, settings, validate
+from twinspark.fleet import router_config
 
 ROOT = generate.repo_root()
 ROLE = ROOT / "roles" / "vllm_service"
@@ -151,8 +152,8 @@ def test_no_unit_template_or_router_flag_holds_a_literal_timer():
         text = (ROLE / "templates" / name).read_text()
         assert not re.search(r"^TimeoutStartSec=\s*\d", text, re.M), name
         assert not re.search(r"TimeoutStartSec=.*[+*-]\s*\d", text), name
-    assert routerconf.STARTUP_WAIT_FLAG not in routerconf.TUNED
-    assert routerconf.STARTUP_WAIT_FLAG not in routerconf.flags()
+    assert router_config.STARTUP_WAIT_FLAG not in router_config.TUNED
+    assert router_config.STARTUP_WAIT_FLAG not in router_config.flags()
 
 
 def _render(tmp_path: Path, inventory: str, first_boot: int) -> Path:
@@ -197,15 +198,15 @@ def test_the_router_waits_as_long_as_its_slowest_pair():
     groups = {"all": list(host_vars), "pair_a": ["a1", "a2"], "pair_b": ["b1", "b2"], "twinspark_head": ["a1", "b1"],
               "twinspark_worker": ["a2", "b2"], "twinspark_router": ["r1"]}
     gb10 = budget.first_boot_timers("gb10", DEFAULT_BUDGETS["gb10"])["router_startup_wait_s"]
-    assert routerconf.startup_wait(host_vars, groups, "r1") == gb10
+    assert router_config.startup_wait(host_vars, groups, "r1") == gb10
     host_vars["r1"]["twinspark_router_pairs"] = ["pair_b"]
-    wait = routerconf.startup_wait(host_vars, groups, "r1")
+    wait = router_config.startup_wait(host_vars, groups, "r1")
     assert wait == budget.first_boot_timers("cpu", ODD_BUDGET)["router_startup_wait_s"]
     filters = load_filters("twinspark_router")
     assert filters.twinspark_router_startup_wait(host_vars, groups, "r1") == wait
     argv = shlex.split(filters.twinspark_router_exec_start(["http://192.0.2.21:8888"], "/py", "/l.py", "http://k/",
                                                            "0.0.0.0", 30000, 29000, "power_of_two", None, wait))
-    assert argv[argv.index(routerconf.STARTUP_WAIT_FLAG) + 1] == str(wait)
+    assert argv[argv.index(router_config.STARTUP_WAIT_FLAG) + 1] == str(wait)
     template = (ROOT / "roles" / "router" / "templates" / "twinspark-router.service.j2").read_text()
     assert "router_startup_wait_s) }}" in template
     assert "twinspark_router_startup_wait(groups, inventory_hostname)" in \

@@ -1,4 +1,4 @@
-"""Multi-pair inventories: twinspark.fleet's rules, and the twinspark_pair_problems / twinspark_node_env filters
+"""Multi-pair inventories: twinspark.fleet.rules, and the twinspark_pair_problems / twinspark_node_env filters
 that playbooks/validate.yml and the roles use. Inventories are parsed by Ansible itself, no host is contacted."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import yaml
 from test_layout import _code_lines
 
-from twinspark import fleet, generate, settings
+from twinspark import generate, settings
+from twinspark.fleet import rules as fleet
 
 ROOT = generate.repo_root()
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from twinspark import inventory as inv
-from twinspark import netguard, routerclient
+from twinspark import netguard
+from twinspark.fleet import router_client
 from twinspark.health import checks, command, fleetreport, report
 from twinspark.health.fleetreport import PairSeen, RouterSeen
 
@@ -73,7 +74,7 @@ def test_a_router_that_does_not_answer_fails_the_fleet():
     (None, "URLError", None),
 ])
 def test_the_routers_list_is_read_or_refused(status, body, expected):
-    assert routerclient.listed_from_answer(status, body) == expected
+    assert router_client.listed_from_answer(status, body) == expected
 
 
 # --- the table and the exit code (pure) ------------------------------------------------------------------------

@@ -46,13 +46,13 @@ def recorded_run(outputs: dict[str, str]):
 
 def test_systemctl_show_of_a_missing_unit_fails_the_unit_check():
     run = recorded_run({"systemctl show": (FIXTURES / "recorded_systemctl_show_sim_not_installed.txt").read_text()})
-    unit = gather.read_unit(gather.UNIT, run)
+    unit = gather.read_unit(gather.rank_unit(), run)
     assert unit["LoadState"] == "not-found" and unit["MainPID"] == "0"
     assert checks.check_unit("node1", unit).status == FAILED
 
 
 def test_systemctl_itself_failing_is_reported_not_raised():
-    unit = gather.read_unit(gather.UNIT, recorded_run({}))
+    unit = gather.read_unit(gather.rank_unit(), recorded_run({}))
     assert unit["LoadState"] == "error"
     assert checks.check_unit("node1", unit).status == FAILED
 
@@ -405,7 +405,7 @@ def test_health_resolves_the_gid_with_the_launchers_match_ip(monkeypatch, extra,
 
 
 def test_the_model_check_trusts_the_node_s_manifest_never_the_one_inside_the_copy(tmp_path):
-    from twinspark import model as checkpoint
+    from twinspark import weights as checkpoint
 
     copy = tmp_path / "copy"
     copy.mkdir()

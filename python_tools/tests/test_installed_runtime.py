@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from vllm_wheels import pristine_fixture  # noqa: F401  (the fixture `pristine`)
 
-from twinspark import installed_runtime
 from twinspark.cli import main
+from twinspark.runtime import installed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,8 +73,8 @@ def test_package_digest_follows_content_not_version(node_site, capsys):
 
 def test_package_digest_ignores_order():
     files = [("a.py", b"1"), ("b.py", b"2")]
-    assert installed_runtime.package_digest(files) == installed_runtime.package_digest(reversed(files))
-    assert installed_runtime.package_digest(files) != installed_runtime.package_digest([("a.py", b"2"), ("b.py", b"1")])
+    assert installed.package_digest(files) == installed.package_digest(reversed(files))
+    assert installed.package_digest(files) != installed.package_digest([("a.py", b"2"), ("b.py", b"1")])
 
 
 def test_missing_packages_are_reported_as_null(tmp_path, capsys):

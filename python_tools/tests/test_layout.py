@@ -109,7 +109,7 @@ def test_the_routers_default_ports_are_written_in_the_layout_only(name):
 ])
 def test_each_pinned_default_is_written_in_settings_or_its_recipe_only(env, defining):
     """HF_HOME lives in settings.yml, the model pin (the default recipe's MODEL and MODEL_REVISION) in the recipe's
-    file: Python reads them through twinspark.recipe.knob_default (model.py's PINNED_*), Ansible through the filter
+    file: Python reads them through twinspark.recipe.knob_default (weights.py's PINNED_*), Ansible through the filter
     twinspark_knob_default."""
     value = recipe.knob_default(env)
     assert value and _places(value) == defining, (
@@ -192,19 +192,47 @@ def _tools_on_a_node(tmp_path: Path, values: dict[str, str]) -> dict[str, str]:
     node_file.write_text(json.dumps(values))
     code = (
         "import json\n"
-        "from twinspark import envcli, runtime_store\n"
+        "from twinspark import envcli\n"
         "from twinspark.pair import rules as guard_rules\n"
         "from twinspark.health import checks, gather\n"
         "from twinspark.pair import guard, lifecycle\n"
-        "print(json.dumps({'guard_rules': guard_rules.UNIT, 'checks': checks.UNIT, 'gather': gather.UNIT,\n"
-        "  'journal': checks.JOURNAL_HINT, 'guard': lifecycle.GUARD_SERVICE, 'lock': lifecycle.DEFAULT_LOCK_FILE,\n"
-        "  'pause': lifecycle.DEFAULT_PAUSE_FILE, 'state': guard.DEFAULT_STATE_FILE,\n"
-        "  'runtimes': runtime_store.DEFAULT_ROOT}))\n"
+        "from twinspark.runtime import store\n"
+        "print(json.dumps({'guard_rules': guard_rules.rank_unit(), 'checks': checks.rank_unit(),\n"
+        "  'gather': gather.rank_unit(), 'journal': checks.journal_hint(), 'guard': lifecycle.guard_service(),\n"
+        "  'lock': lifecycle.default_lock_file(), 'pause': lifecycle.default_pause_file(),\n"
+        "  'state': guard.default_state_file(), 'runtimes': store.default_root()}))\n"
     )
     env = {**os.environ, layout.LAYOUT_FILE_ENV: str(node_file)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                             check=True)
     return json.loads(result.stdout)
+
+
+# The modules that read the node's layout file; importing any of them must read no file (the layout is read when a
+# default is first needed), so a tool that never needs it, or a test, imports them on any machine.
+LAYOUT_READERS = ("twinspark.doctor.command", "twinspark.health.checks", "twinspark.health.gather",
+                  "twinspark.pair.cli", "twinspark.pair.guard", "twinspark.pair.lifecycle", "twinspark.pair.rules",
+                  "twinspark.runtime.installed", "twinspark.runtime.store")
+
+
+def test_importing_the_tools_reads_no_layout_file(tmp_path):
+    """Every module that uses the node's layout imports with a node file that cannot be read as a layout; the file
+    is read, and refused naming itself, only when a default is asked for."""
+    node_file = tmp_path / "layout.json"
+    node_file.write_text("{not json")
+    code = ("import importlib, sys\n"
+            f"for name in {LAYOUT_READERS!r}:\n"
+            "    importlib.import_module(name)\n"
+            "from twinspark.health import checks\n"
+            "try:\n"
+            "    checks.rank_unit()\n"
+            "except ValueError as error:\n"
+            "    print(error)\n")
+    env = {**os.environ, layout.LAYOUT_FILE_ENV: str(node_file)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert f"{node_file}: not JSON" in result.stdout
 
 
 def _inventory_copy(tmp_path: Path, overrides: dict[str, str]) -> Path:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from twinspark import cli, model
+from twinspark import cli, weights
 
 SECRET_TOKEN = "hf_do_not_print_me_0123456789"
 
@@ -37,7 +37,7 @@ def make_sharded_model(root: Path, shards: int = 3) -> list[str]:
     for i, name in enumerate(names):
         write_safetensors(root / name, {f"layer{i}.w": 1000 + i, f"layer{i}.b": 24})
         weight_map.update({f"layer{i}.w": name, f"layer{i}.b": name})
-    (root / model.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (root / weights.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (root / "config.json").write_text('{"model_type": "llama"}')
     return names
 
@@ -73,23 +73,23 @@ def test_missing_and_short_shards_are_named_and_exit_1(tmp_path, capsys):
 
 
 def test_short_shard_detected_from_its_header_without_a_manifest(tmp_path):
-    write_safetensors(tmp_path / model.SINGLE_SHARD_NAME, {"w": 4096})
-    path = tmp_path / model.SINGLE_SHARD_NAME
+    write_safetensors(tmp_path / weights.SINGLE_SHARD_NAME, {"w": 4096})
+    path = tmp_path / weights.SINGLE_SHARD_NAME
     full = path.stat().st_size
     path.write_bytes(path.read_bytes()[:-1])
 
-    report = model.verify_model_dir(tmp_path)
+    report = weights.verify_model_dir(tmp_path)
 
     assert [(p.name, p.kind, p.detail) for p in report.problems] == [
-        (model.SINGLE_SHARD_NAME, "short", f"{full - 1} of {full} bytes")
+        (weights.SINGLE_SHARD_NAME, "short", f"{full - 1} of {full} bytes")
     ]
 
 
 def test_shard_cut_inside_its_header_is_reported(tmp_path):
-    write_safetensors(tmp_path / model.SINGLE_SHARD_NAME, {"w": 64})
-    (tmp_path / model.SINGLE_SHARD_NAME).write_bytes(b"\x10\x00")
-    report = model.verify_model_dir(tmp_path)
-    assert [(p.name, p.kind) for p in report.problems] == [(model.SINGLE_SHARD_NAME, "unreadable header")]
+    write_safetensors(tmp_path / weights.SINGLE_SHARD_NAME, {"w": 64})
+    (tmp_path / weights.SINGLE_SHARD_NAME).write_bytes(b"\x10\x00")
+    report = weights.verify_model_dir(tmp_path)
+    assert [(p.name, p.kind) for p in report.problems] == [(weights.SINGLE_SHARD_NAME, "unreadable header")]
 
 
 def test_more_than_twenty_problems_lists_twenty_names_and_counts_the_rest(tmp_path, capsys):
@@ -101,7 +101,7 @@ def test_more_than_twenty_problems_lists_twenty_names_and_counts_the_rest(tmp_pa
 
     assert code == 1
     listed = [line for line in out.splitlines() if line.strip().endswith(": missing")]
-    assert len(listed) == model.MAX_LISTED_PROBLEMS
+    assert len(listed) == weights.MAX_LISTED_PROBLEMS
     assert "and 5 more" in out
     code, out, _ = run_cli(capsys, "verify", str(tmp_path), "--json")
     assert sorted(json.loads(out)["problem_names"]) == sorted(names)
@@ -111,7 +111,7 @@ def test_directory_without_index_or_single_shard_fails(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     code, out, _ = run_cli(capsys, "verify", str(tmp_path))
     assert code == 1
-    assert "not a checkpoint" in out and model.INDEX_NAME in out
+    assert "not a checkpoint" in out and weights.INDEX_NAME in out
 
 
 def test_an_empty_copy_checked_against_a_single_shard_manifest_names_only_the_files_it_lists(tmp_path, capsys):
@@ -134,11 +134,11 @@ def test_an_unreadable_index_the_manifest_lists_is_named(tmp_path, capsys):
     make_sharded_model(tmp_path, shards=2)
     manifest = tmp_path.parent / f"{tmp_path.name}-manifest.json"
     assert run_cli(capsys, "manifest", str(tmp_path), "--output", str(manifest))[0] == 0
-    index = tmp_path / model.INDEX_NAME
+    index = tmp_path / weights.INDEX_NAME
     index.write_text("x" * len(index.read_text()))  # same size, not JSON
     code, out, _ = run_cli(capsys, "verify", str(tmp_path), "--manifest", str(manifest), "--json")
     assert code == 1
-    assert model.INDEX_NAME in json.loads(out)["problem_names"]
+    assert weights.INDEX_NAME in json.loads(out)["problem_names"]
 
 
 def test_missing_directory_is_a_problem_not_a_crash(tmp_path, capsys):
@@ -161,7 +161,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path, capsys):
     files = json.loads(out)["files"]
     assert set(files) == {
         "config.json",
-        model.INDEX_NAME,
+        weights.INDEX_NAME,
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",
         "tokenizer/vocab.txt",
@@ -172,23 +172,23 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path, capsys):
 
 def test_manifest_written_next_to_the_model_is_kept_until_the_model_changes(tmp_path, capsys):
     names = make_sharded_model(tmp_path, shards=2)
-    out_file = tmp_path / model.MANIFEST_NAME
+    out_file = tmp_path / weights.MANIFEST_NAME
 
     assert run_cli(capsys, "manifest", str(tmp_path), "--output", str(out_file))[1].count('"written"') == 1
     assert run_cli(capsys, "manifest", str(tmp_path), "--output", str(out_file))[1].count('"unchanged"') == 1
-    assert model.MANIFEST_NAME not in model.load_manifest(out_file)["files"]
+    assert weights.MANIFEST_NAME not in weights.load_manifest(out_file)["files"]
 
     write_safetensors(tmp_path / names[0], {"other": 77})
     assert run_cli(capsys, "manifest", str(tmp_path), "--output", str(out_file))[1].count('"written"') == 1
-    assert model.load_manifest(out_file)["files"][names[0]]["size"] == (tmp_path / names[0]).stat().st_size
+    assert weights.load_manifest(out_file)["files"][names[0]]["size"] == (tmp_path / names[0]).stat().st_size
 
 
 def test_copy_verified_against_the_source_manifest(tmp_path, capsys):
     source, copy = tmp_path / "source", tmp_path / "copy"
     make_sharded_model(source, shards=2)
-    run_cli(capsys, "manifest", str(source), "--output", str(source / model.MANIFEST_NAME))
+    run_cli(capsys, "manifest", str(source), "--output", str(source / weights.MANIFEST_NAME))
     make_sharded_model(copy, shards=2)
-    (copy / model.MANIFEST_NAME).write_bytes((source / model.MANIFEST_NAME).read_bytes())
+    (copy / weights.MANIFEST_NAME).write_bytes((source / weights.MANIFEST_NAME).read_bytes())
     (copy / "config.json").unlink()
 
     code, out, _ = run_cli(capsys, "verify", str(copy))
@@ -199,7 +199,7 @@ def test_copy_verified_against_the_source_manifest(tmp_path, capsys):
 
 def test_sha256_mismatch_found_only_when_asked(tmp_path, capsys):
     names = make_sharded_model(tmp_path, shards=2)
-    run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / model.MANIFEST_NAME))
+    run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / weights.MANIFEST_NAME))
     shard = tmp_path / names[1]
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
@@ -223,7 +223,7 @@ def test_verify_against_a_manifest_outside_the_copy_ignores_the_one_inside(tmp_p
     make_sharded_model(copy, shards=2)
     run_cli(capsys, "manifest", str(copy), "--output", str(outside))
     (copy / "config.json").write_text('{"model_type": "llama", "planted": true}')  # other size
-    run_cli(capsys, "manifest", str(copy), "--output", str(copy / model.MANIFEST_NAME))  # rewritten to match
+    run_cli(capsys, "manifest", str(copy), "--output", str(copy / weights.MANIFEST_NAME))  # rewritten to match
 
     assert run_cli(capsys, "verify", str(copy))[0] == 0  # the copy's own manifest vouches for the change
     code, out, _ = run_cli(capsys, "verify", str(copy), "--manifest", str(outside))
@@ -234,7 +234,7 @@ def test_verify_against_a_manifest_outside_the_copy_ignores_the_one_inside(tmp_p
 
 def test_a_missing_manifest_given_with_manifest_is_a_problem_and_the_copy_s_own_is_not_read(tmp_path, capsys):
     make_sharded_model(tmp_path, shards=1)
-    run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / model.MANIFEST_NAME))
+    run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / weights.MANIFEST_NAME))
     absent = tmp_path.parent / "absent-manifest.json"
 
     code, out, err = run_cli(capsys, "verify", str(tmp_path), "--manifest", str(absent), "--json")
@@ -258,18 +258,18 @@ def test_a_manifest_names_its_directory_and_is_rewritten_for_another_one(tmp_pat
     outside = tmp_path / "model-manifest.json"
 
     assert run_cli(capsys, "manifest", str(new), "--output", str(outside))[1].count('"written"') == 1
-    assert model.load_manifest(outside)["directory"] == str(new)
+    assert weights.load_manifest(outside)["directory"] == str(new)
     assert run_cli(capsys, "manifest", str(old), "--output", str(outside))[1].count('"written"') == 1
-    assert model.load_manifest(outside)["directory"] == str(old)
+    assert weights.load_manifest(outside)["directory"] == str(old)
     assert run_cli(capsys, "verify", str(old), "--manifest", str(outside), "--sha256")[0] == 0
 
 
 def test_a_manifest_from_before_manifests_named_their_directory_is_kept(tmp_path, capsys):
     make_sharded_model(tmp_path, shards=1)
-    legacy = model.build_manifest(tmp_path)
+    legacy = weights.build_manifest(tmp_path)
     del legacy["directory"]
-    (tmp_path / model.MANIFEST_NAME).write_text(json.dumps(legacy))
-    out = run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / model.MANIFEST_NAME))[1]
+    (tmp_path / weights.MANIFEST_NAME).write_text(json.dumps(legacy))
+    out = run_cli(capsys, "manifest", str(tmp_path), "--output", str(tmp_path / weights.MANIFEST_NAME))[1]
     assert '"unchanged"' in out
 
 
@@ -277,7 +277,7 @@ def test_a_manifest_from_before_manifests_named_their_directory_is_kept(tmp_path
 
 
 def make_cached_snapshot(hf_home: Path, repo_id: str, commit: str) -> Path:
-    snapshot = model.snapshot_dir(hf_home, repo_id, commit)
+    snapshot = weights.snapshot_dir(hf_home, repo_id, commit)
     make_sharded_model(snapshot, shards=2)
     return snapshot
 
@@ -288,20 +288,20 @@ def test_pinned_snapshot_resolves_offline_only_after_refs_are_written(tmp_path):
 
     repo_id, commit = "example-org/tiny", "a" * 40
     snapshot = make_cached_snapshot(tmp_path, repo_id, commit)
-    cache_dir = model.hub_cache_dir(tmp_path)
+    cache_dir = weights.hub_cache_dir(tmp_path)
 
     with pytest.raises(LocalEntryNotFoundError):
         snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True)
 
-    assert model.write_ref(tmp_path, repo_id, commit) is True
-    assert model.ref_path(tmp_path, repo_id) == cache_dir / "models--example-org--tiny" / "refs" / "main"
+    assert weights.write_ref(tmp_path, repo_id, commit) is True
+    assert weights.ref_path(tmp_path, repo_id) == cache_dir / "models--example-org--tiny" / "refs" / "main"
     assert Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True)) == snapshot
-    assert model.write_ref(tmp_path, repo_id, commit) is False
+    assert weights.write_ref(tmp_path, repo_id, commit) is False
 
 
 def test_ref_must_be_a_commit(tmp_path):
-    with pytest.raises(model.ModelInputError, match="40-hex commit"):
-        model.write_ref(tmp_path, "org/name", "main")
+    with pytest.raises(weights.ModelInputError, match="40-hex commit"):
+        weights.write_ref(tmp_path, "org/name", "main")
 
 
 def test_verify_from_the_cache_checks_the_offline_ref(tmp_path, capsys):
@@ -313,7 +313,7 @@ def test_verify_from_the_cache_checks_the_offline_ref(tmp_path, capsys):
     assert code == 1
     assert "refs/main: offline ref" in out
 
-    model.write_ref(tmp_path, repo_id, commit)
+    weights.write_ref(tmp_path, repo_id, commit)
     assert run_cli(capsys, *args)[0] == 0
 
 
@@ -322,24 +322,24 @@ def test_branch_revision_that_never_resolved_fails_with_the_ref_path(tmp_path, c
     code, out, _ = run_cli(capsys, *argv)
     assert code == 1
     (problem,) = json.loads(out)["problems"]
-    assert problem["path"] == str(model.ref_path(tmp_path, "org/name", "main"))
+    assert problem["path"] == str(weights.ref_path(tmp_path, "org/name", "main"))
     assert "twinspark model fetch" in problem["detail"]
 
 
 def test_damaged_snapshot_entry_names_the_blob_that_holds_its_bytes(tmp_path):
     """A hub snapshot's files are links into blobs/: the repair must copy the blob, not the link."""
     repo_id, commit = "example-org/tiny", "c" * 40
-    storage = model.repo_storage_dir(tmp_path, repo_id)
+    storage = weights.repo_storage_dir(tmp_path, repo_id)
     blob = storage / "blobs" / ("d" * 64)
     size = write_safetensors(blob, {"w": 512})
-    snapshot = model.snapshot_dir(tmp_path, repo_id, commit)
+    snapshot = weights.snapshot_dir(tmp_path, repo_id, commit)
     snapshot.mkdir(parents=True)
-    (snapshot / model.SINGLE_SHARD_NAME).symlink_to(Path("../../blobs") / blob.name)
+    (snapshot / weights.SINGLE_SHARD_NAME).symlink_to(Path("../../blobs") / blob.name)
     blob.write_bytes(blob.read_bytes()[: size // 2])
 
-    (problem,) = model.verify_model_dir(snapshot).problems
+    (problem,) = weights.verify_model_dir(snapshot).problems
 
-    assert (problem.name, problem.kind) == (model.SINGLE_SHARD_NAME, "short")
+    assert (problem.name, problem.kind) == (weights.SINGLE_SHARD_NAME, "short")
     assert problem.path == str(blob)
 
 
@@ -347,14 +347,14 @@ def test_damaged_snapshot_entry_names_the_blob_that_holds_its_bytes(tmp_path):
 
 
 def test_unset_revision_pins_and_empty_revision_follows_the_default_branch():
-    assert model.resolve_revision(None) == model.PINNED_REVISION
-    assert model.resolve_revision("") is None
-    assert model.resolve_revision("  ") is None
-    assert model.resolve_revision("v1.0") == "v1.0"
+    assert weights.resolve_revision(None) == weights.PINNED_REVISION
+    assert weights.resolve_revision("") is None
+    assert weights.resolve_revision("  ") is None
+    assert weights.resolve_revision("v1.0") == "v1.0"
 
 
 def test_download_arguments_resume_into_hf_home_hub_with_long_timeouts():
-    plan = model.build_download_plan(model.PINNED_REPO_ID, None, "/var/lib/twinspark/hf", environ={})
+    plan = weights.build_download_plan(weights.PINNED_REPO_ID, None, "/var/lib/twinspark/hf", environ={})
 
     kwargs = plan.download_kwargs()
     assert kwargs["repo_id"] == "deepseek-ai/DeepSeek-V4-Flash-0731"
@@ -375,7 +375,7 @@ def test_download_arguments_are_accepted_by_snapshot_download():
 
     from huggingface_hub import snapshot_download
 
-    plan = model.build_download_plan("org/name", "", "/srv/hf", environ={})
+    plan = weights.build_download_plan("org/name", "", "/srv/hf", environ={})
     inspect.signature(snapshot_download).bind(**plan.download_kwargs(), token=None)
 
 
@@ -434,7 +434,7 @@ def test_metadata_call_asks_for_file_sizes_of_the_pinned_revision():
     info = fake_hub_model_info("c" * 40, [("config.json", 10, None), ("m.safetensors", 900, "d" * 64)])
     fake_hub_api = FakeHubApi(info)
 
-    commit, files = model.snapshot_metadata(fake_hub_api, "org/name", model.PINNED_REVISION, token=None)
+    commit, files = weights.snapshot_metadata(fake_hub_api, "org/name", weights.PINNED_REVISION, token=None)
 
     assert commit == "c" * 40
     assert [(f.path, f.size, f.blob) for f in files] == [
@@ -443,25 +443,25 @@ def test_metadata_call_asks_for_file_sizes_of_the_pinned_revision():
     ]
     ((repo_id, kwargs),) = fake_hub_api.calls
     assert repo_id == "org/name"
-    assert kwargs["revision"] == model.PINNED_REVISION
+    assert kwargs["revision"] == weights.PINNED_REVISION
     assert kwargs["files_metadata"] is True
 
 
 def test_bytes_needed_subtracts_complete_and_partial_blobs_and_counts_shared_blobs_once():
     files = [
-        model.RemoteFile("a.safetensors", 1000, "sha-a"),
-        model.RemoteFile("b.safetensors", 2000, "sha-b"),
-        model.RemoteFile("c.safetensors", 3000, "sha-c"),
-        model.RemoteFile("c-copy.safetensors", 3000, "sha-c"),
+        weights.RemoteFile("a.safetensors", 1000, "sha-a"),
+        weights.RemoteFile("b.safetensors", 2000, "sha-b"),
+        weights.RemoteFile("c.safetensors", 3000, "sha-c"),
+        weights.RemoteFile("c-copy.safetensors", 3000, "sha-c"),
     ]
     cached = {"sha-a": 1000, "sha-b.incomplete": 500}
-    assert model.bytes_still_needed(files, cached) == 1500 + 3000
-    assert model.bytes_still_needed(files, {}) == 6000
+    assert weights.bytes_still_needed(files, cached) == 1500 + 3000
+    assert weights.bytes_still_needed(files, {}) == 6000
 
 
 def test_disk_space_problem_names_both_numbers():
-    assert model.disk_space_problem(needed=100, free=1000, reserve=900) is None
-    message = model.disk_space_problem(needed=160_000_000_000, free=90_000_000_000, reserve=0, where="/var/lib/x")
+    assert weights.disk_space_problem(needed=100, free=1000, reserve=900) is None
+    message = weights.disk_space_problem(needed=160_000_000_000, free=90_000_000_000, reserve=0, where="/var/lib/x")
     assert "160000000000 bytes" in message and "90000000000 bytes" in message
     assert "/var/lib/x" in message
 
@@ -472,12 +472,12 @@ def test_fetch_stops_before_downloading_when_the_disk_is_too_small(tmp_path, mon
         HfApi=lambda: FakeHubApi(fake_hub_model_info("e" * 40, [("model.safetensors", 50_000, "f" * 64)])),
         snapshot_download=lambda **kwargs: downloads.append(kwargs),
     )
-    monkeypatch.setattr(model, "_import_hub", lambda plan: fake_hub_module)
-    monkeypatch.setattr(model, "free_bytes", lambda path: 20_000)
-    plan = model.build_download_plan("org/name", "main", str(tmp_path), environ={})
+    monkeypatch.setattr(weights, "_import_hub", lambda plan: fake_hub_module)
+    monkeypatch.setattr(weights, "free_bytes", lambda path: 20_000)
+    plan = weights.build_download_plan("org/name", "main", str(tmp_path), environ={})
 
-    with pytest.raises(model.ModelRuntimeError, match="50000 bytes.*20000 bytes"):
-        model.fetch(plan, reserve=0)
+    with pytest.raises(weights.ModelRuntimeError, match="50000 bytes.*20000 bytes"):
+        weights.fetch(plan, reserve=0)
     assert downloads == []
 
 
@@ -485,16 +485,16 @@ def test_fetch_of_a_complete_pinned_snapshot_makes_no_hub_call_and_writes_the_re
     def no_hub(plan):
         raise AssertionError("the hub must not be contacted for a complete pinned snapshot")
 
-    monkeypatch.setattr(model, "_import_hub", no_hub)
-    snapshot = make_cached_snapshot(tmp_path, "org/name", model.PINNED_REVISION)
-    plan = model.build_download_plan("org/name", None, str(tmp_path), environ={})
+    monkeypatch.setattr(weights, "_import_hub", no_hub)
+    snapshot = make_cached_snapshot(tmp_path, "org/name", weights.PINNED_REVISION)
+    plan = weights.build_download_plan("org/name", None, str(tmp_path), environ={})
 
-    first = model.fetch(plan, reserve=0)
-    second = model.fetch(plan, reserve=0)
+    first = weights.fetch(plan, reserve=0)
+    second = weights.fetch(plan, reserve=0)
 
-    assert first == {"snapshot": str(snapshot), "commit": model.PINNED_REVISION, "downloaded": False, "changed": True}
+    assert first == {"snapshot": str(snapshot), "commit": weights.PINNED_REVISION, "downloaded": False, "changed": True}
     assert second["changed"] is False
-    assert model.resolve_offline(tmp_path, "org/name", None) == model.PINNED_REVISION
+    assert weights.resolve_offline(tmp_path, "org/name", None) == weights.PINNED_REVISION
 
 
 def test_fetch_judges_a_pinned_snapshot_by_the_node_s_manifest_when_it_describes_it(tmp_path, monkeypatch):
@@ -502,21 +502,21 @@ def test_fetch_judges_a_pinned_snapshot_by_the_node_s_manifest_when_it_describes
 
     def hub_called(plan):
         calls.append(plan)
-        raise model.ModelRuntimeError("the hub was asked")
+        raise weights.ModelRuntimeError("the hub was asked")
 
-    monkeypatch.setattr(model, "_import_hub", hub_called)
-    snapshot = make_cached_snapshot(tmp_path, "org/name", model.PINNED_REVISION)
+    monkeypatch.setattr(weights, "_import_hub", hub_called)
+    snapshot = make_cached_snapshot(tmp_path, "org/name", weights.PINNED_REVISION)
     outside = tmp_path / "model-manifest.json"
-    model.write_manifest(snapshot, outside)
+    weights.write_manifest(snapshot, outside)
     (snapshot / "config.json").unlink()  # the shards alone still look complete
-    plan = model.build_download_plan("org/name", None, str(tmp_path), environ={})
+    plan = weights.build_download_plan("org/name", None, str(tmp_path), environ={})
 
-    assert model.fetch(plan, reserve=0)["downloaded"] is False
-    with pytest.raises(model.ModelRuntimeError, match="the hub was asked"):
-        model.fetch(plan, reserve=0, manifest=outside)
+    assert weights.fetch(plan, reserve=0)["downloaded"] is False
+    with pytest.raises(weights.ModelRuntimeError, match="the hub was asked"):
+        weights.fetch(plan, reserve=0, manifest=outside)
     other = json.loads(outside.read_text()) | {"directory": str(tmp_path / "another")}
     outside.write_text(json.dumps(other))
-    assert model.fetch(plan, reserve=0, manifest=outside)["downloaded"] is False  # not this snapshot's manifest
+    assert weights.fetch(plan, reserve=0, manifest=outside)["downloaded"] is False  # not this snapshot's manifest
 
 
 def test_prune_keeps_what_serves_and_what_a_switch_goes_back_to_and_lists_before_it_removes(tmp_path, capsys):

@@ -193,14 +193,14 @@ def _own_tree(root: Path) -> None:
 def test_weights_swapped_with_their_manifest_in_the_copy_fail_against_the_manifest_kept_outside(worker, tmp_path):
     from test_model import write_safetensors
 
-    from twinspark import model
+    from twinspark import weights
 
     rsh, copy, _ = worker
     head = tmp_path / "head"
     write_safetensors(head / "model.safetensors", {"w": 4096, "b": 64})
     (head / "config.json").write_text("{}\n")
     outside = tmp_path / "model-manifest.json"  # written where the model was fetched, sent over Ansible
-    model.write_manifest(head, outside)
+    weights.write_manifest(head, outside)
     assert _rsync(rsh, f"{head}/", "fake:.").returncode == 0  # the head's real copy
     _own_tree(copy)
     assert _role_verify(copy, outside, "--sha256")[0] == 0
@@ -209,14 +209,14 @@ def test_weights_swapped_with_their_manifest_in_the_copy_fail_against_the_manife
     attacker = tmp_path / "attacker"
     write_safetensors(attacker / "model.safetensors", {"w": 4096, "b": 64, "planted": 512})
     (attacker / "config.json").write_text("{}\n")
-    model.write_manifest(attacker, attacker / model.MANIFEST_NAME)
-    pushed = _rsync(rsh, "--ignore-times", str(attacker / "model.safetensors"), str(attacker / model.MANIFEST_NAME),
+    weights.write_manifest(attacker, attacker / weights.MANIFEST_NAME)
+    pushed = _rsync(rsh, "--ignore-times", str(attacker / "model.safetensors"), str(attacker / weights.MANIFEST_NAME),
                     "fake:.")
     assert pushed.returncode == 0, pushed.stderr
 
     # Read from inside the copy, the swapped pair is consistent: the previous release's verification passed it.
     for extra in ((), ("--sha256",)):
-        code, out = _role_verify(copy, copy / model.MANIFEST_NAME, *extra)
+        code, out = _role_verify(copy, copy / weights.MANIFEST_NAME, *extra)
         assert code == 0, out
     code, out = _role_verify(copy, outside)
     assert code == 1
@@ -226,11 +226,11 @@ def test_weights_swapped_with_their_manifest_in_the_copy_fail_against_the_manife
     data = bytearray((head / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF
     (attacker / "model.safetensors").write_bytes(bytes(data))
-    model.write_manifest(attacker, attacker / model.MANIFEST_NAME)
-    pushed = _rsync(rsh, "--ignore-times", str(attacker / "model.safetensors"), str(attacker / model.MANIFEST_NAME),
+    weights.write_manifest(attacker, attacker / weights.MANIFEST_NAME)
+    pushed = _rsync(rsh, "--ignore-times", str(attacker / "model.safetensors"), str(attacker / weights.MANIFEST_NAME),
                     "fake:.")
     assert pushed.returncode == 0, pushed.stderr
-    code, out = _role_verify(copy, copy / model.MANIFEST_NAME, "--sha256")
+    code, out = _role_verify(copy, copy / weights.MANIFEST_NAME, "--sha256")
     assert code == 0, out
     code, out = _role_verify(copy, outside, "--sha256")
     assert code == 1 and "model.safetensors: checksum mismatch" in out

@@ -42,7 +42,8 @@ def test_listen_fds_are_ours_only_when_listen_pid_names_us():
 
 
 def test_listen_fds_keep_only_the_kick_sockets_when_systemd_names_them():
-    env = {"LISTEN_PID": "7", "LISTEN_FDS": "3", "LISTEN_FDNAMES": f"{pl.KICK_SOCKET}:other.socket:{pl.KICK_SOCKET}"}
+    kick = pl.kick_socket()
+    env = {"LISTEN_PID": "7", "LISTEN_FDS": "3", "LISTEN_FDNAMES": f"{kick}:other.socket:{kick}"}
     assert pl.listen_fds(env, 7) == [3, 5]
 
 
@@ -51,7 +52,7 @@ def test_listen_fds_keep_only_the_kick_sockets_when_systemd_names_them():
     (Kicks(1, 3, ("127.0.0.1",)), True, "woken by 1 kick(s) from 127.0.0.1; 3 other datagram(s) ignored"),
     (Kicks(), True, "run by the timer, no kick waiting"),
     (Kicks(0, 1, ()), True, "run by the timer, no kick waiting (1 datagram(s) that are not a kick ignored)"),
-    (Kicks(), False, f"run without the kick socket (is {pl.KICK_SOCKET} running?)"),
+    (Kicks(), False, f"run without the kick socket (is {pl.kick_socket()} running?)"),
 ])
 def test_trigger_line_says_why_the_guard_runs(kicks, listening, expected):
     assert pl.trigger_line(kicks, listening) == expected
@@ -174,7 +175,7 @@ def test_a_guard_run_empties_the_inherited_socket_first_even_when_it_then_fails(
             "--pause-file", str(tmp_path / "paused")]
     # fd 3 and LISTEN_PID of the very process that runs the guard (exec keeps the PID), as systemd does it
     wrapper = (f"import os, sys; os.dup2({fd}, 3, inheritable=True); os.environ.update(LISTEN_PID=str(os.getpid()), "
-               f"LISTEN_FDS='1', LISTEN_FDNAMES={pl.KICK_SOCKET!r}); os.execv(sys.executable, {argv!r})")
+               f"LISTEN_FDS='1', LISTEN_FDNAMES={pl.kick_socket()!r}); os.execv(sys.executable, {argv!r})")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_") and k != "JOURNAL_STREAM"}
     result = subprocess.run([sys.executable, "-c", wrapper], pass_fds=(fd,), capture_output=True, text=True,
                             timeout=60, env=env, check=False)
@@ -194,7 +195,7 @@ def test_systemd_socket_activation_hands_the_guard_its_kicks(tmp_path: Path):
         port = probe.getsockname()[1]
     paused = tmp_path / "paused"
     pl.write_pause(str(paused), "a test", "pytest")
-    argv = ["systemd-socket-activate", "--datagram", "-l", f"127.0.0.1:{port}", f"--fdname={pl.KICK_SOCKET}",
+    argv = ["systemd-socket-activate", "--datagram", "-l", f"127.0.0.1:{port}", f"--fdname={pl.kick_socket()}",
             sys.executable, "-m", "twinspark.cli", "pair", "guard", "--pause-file", str(paused),
             "--worker", "127.0.0.1", "--state-file", str(tmp_path / "s.json")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("LISTEN_") and k != "JOURNAL_STREAM"}

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from test_fleet_inventory import fleet_inventory, problems_of
 
-from twinspark import fleet, generate
+from twinspark import generate
+from twinspark.fleet import rules as fleet
 
 ROOT = generate.repo_root()
 FLEET = ROOT / "inventory" / "fleet-example"

@@ -1,4 +1,5 @@
-"""roles/router without a host: its command line (twinspark.routerconf), its units rendered, its playbook's syntax."""
+"""roles/router without a host: its command line (twinspark.fleet.router_config), its units rendered, its playbook's
+syntax."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import jinja2
 import pytest
 from nft_namespace import connections, needs_nft_namespace
 
-from twinspark import fleet, generate, layout, routerconf, routerlaunch
+from twinspark import generate, layout
+from twinspark.fleet import router_config, router_launch
+from twinspark.fleet import rules as fleet
 
 ROOT = generate.repo_root()
 ROLE = ROOT / "roles" / "router"
@@ -43,32 +46,32 @@ def fleet_vars():
 
 def test_worker_urls_name_every_pairs_head_api():
     host_vars, groups = fleet_vars()
-    assert routerconf.worker_urls(host_vars, groups, "r1") == ["http://192.0.2.11:8888", "http://192.0.2.21:9000"]
+    assert router_config.worker_urls(host_vars, groups, "r1") == ["http://192.0.2.11:8888", "http://192.0.2.21:9000"]
 
 
 def test_worker_urls_follow_twinspark_router_pairs():
     host_vars, groups = fleet_vars()
     host_vars["r1"]["twinspark_router_pairs"] = ["pair_b"]
-    assert routerconf.worker_urls(host_vars, groups, "r1") == ["http://192.0.2.21:9000"]
+    assert router_config.worker_urls(host_vars, groups, "r1") == ["http://192.0.2.21:9000"]
 
 
 def test_worker_urls_refuse_a_broken_fleet():
     host_vars, groups = fleet_vars()
     groups["twinspark_worker"] = ["a2"]
     with pytest.raises(ValueError, match="pair pair_b: has 0 workers"):
-        routerconf.worker_urls(host_vars, groups, "r1")
+        router_config.worker_urls(host_vars, groups, "r1")
 
 
 def test_the_one_pair_inventory_gets_one_worker_url():
     host_vars = {"h": {"ansible_host": "192.0.2.1"}, "w": {"ansible_host": "192.0.2.2"}, "r": {}}
     groups = {"all": ["h", "w", "r"], "twinspark_head": ["h"], "twinspark_worker": ["w"], "twinspark_router": ["r"]}
-    assert routerconf.worker_urls(host_vars, groups, "r") == ["http://192.0.2.1:8888"]
+    assert router_config.worker_urls(host_vars, groups, "r") == ["http://192.0.2.1:8888"]
 
 
 def test_flags_are_accepted_by_the_routers_own_parser():
     pytest.importorskip("vllm_router", reason="vllm-router 0.1.17 is not installed here (make setup installs it)")
-    kwargs = routerlaunch.router_kwargs(["--worker-urls", "http://192.0.2.1:8888", *routerconf.flags()],
-                                        ["http://127.0.0.1:30099/"])
+    kwargs = router_launch.router_kwargs(["--worker-urls", "http://192.0.2.1:8888", *router_config.flags()],
+                                         ["http://127.0.0.1:30099/"])
     assert kwargs["health_check_interval_secs"] == 1
     assert kwargs["health_failure_threshold"] == 2
     assert kwargs["api_key_validation_urls"] == ["http://127.0.0.1:30099/"]
@@ -76,25 +79,25 @@ def test_flags_are_accepted_by_the_routers_own_parser():
 
 def test_the_worker_key_is_the_routers_api_key_and_never_also_a_flag():
     pytest.importorskip("vllm_router", reason="vllm-router 0.1.17 is not installed here (make setup installs it)")
-    argv = ["--worker-urls", "http://192.0.2.1:8888", *routerconf.flags()]
-    assert routerlaunch.router_kwargs(argv, ["http://127.0.0.1:30099/"])["api_key"] is None
-    assert routerlaunch.router_kwargs(argv, ["http://127.0.0.1:30099/"], "sk-pair")["api_key"] == "sk-pair"
+    argv = ["--worker-urls", "http://192.0.2.1:8888", *router_config.flags()]
+    assert router_launch.router_kwargs(argv, ["http://127.0.0.1:30099/"])["api_key"] is None
+    assert router_launch.router_kwargs(argv, ["http://127.0.0.1:30099/"], "sk-pair")["api_key"] == "sk-pair"
     with pytest.raises(ValueError, match="--api-key: give the pairs' key with --worker-key-file"):
-        routerlaunch.router_kwargs([*argv, "--api-key", "sk-in-argv"], ["http://127.0.0.1:30099/"], "sk-pair")
+        router_launch.router_kwargs([*argv, "--api-key", "sk-in-argv"], ["http://127.0.0.1:30099/"], "sk-pair")
 
 
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="router_policy"):
-        routerconf.flags("fastest")
+        router_config.flags("fastest")
 
 
-def test_the_roles_policy_choices_match_routerconf():
+def test_the_roles_policy_choices_match_router_config():
     import yaml
 
     spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
     options = spec["argument_specs"]["main"]["options"]
-    assert options["router_policy"]["choices"] == list(routerconf.POLICIES)
-    assert options["router_policy"]["default"] == routerconf.DEFAULT_POLICY
+    assert options["router_policy"]["choices"] == list(router_config.POLICIES)
+    assert options["router_policy"]["default"] == router_config.DEFAULT_POLICY
     # The ports' defaults are the layout's (twinspark_layout_router_port), which validation's clash rule reads too.
     assert "default" not in options["router_port"] and "default" not in options["router_metrics_port"]
     role_defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
@@ -175,7 +178,7 @@ def test_the_front_listens_where_clients_connect_and_forwards_to_the_router_on_l
 
 
 def test_the_front_parses_its_own_unit_line(monkeypatch):
-    """The front's ExecStart, as rendered, is accepted by routerlaunch.py's own parser (a flag renamed on one side
+    """The front's ExecStart, as rendered, is accepted by router_launch.py's own parser (a flag renamed on one side
     fails here)."""
     argv = exec_start(render("twinspark-router-front.service"))
     seen = {}
@@ -184,9 +187,9 @@ def test_the_front_parses_its_own_unit_line(monkeypatch):
         seen.update(listen=listen, upstream=upstream)
         raise ValueError("not started in a test")
 
-    monkeypatch.setattr(routerlaunch, "front_server", server_not_started)
-    monkeypatch.setattr(routerlaunch, "read_keys", lambda path: [str(path)])
-    assert routerlaunch.main(argv[3:]) == 2
+    monkeypatch.setattr(router_launch, "front_server", server_not_started)
+    monkeypatch.setattr(router_launch, "read_keys", lambda path: [str(path)])
+    assert router_launch.main(argv[3:]) == 2
     assert seen == {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001"}
 
 

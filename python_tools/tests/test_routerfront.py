@@ -1,4 +1,4 @@
-"""The router's front (routerlaunch.py front): its rules as plain data, then the real server on 127.0.0.1 in front of
+"""The router's front (router_launch.py front): its rules as plain data, then the real server on 127.0.0.1 in front of
 a small upstream that records what reached it (docs/FLEET.md, "API keys")."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from twinspark import routerclient, routerlaunch
+from twinspark.fleet import router_client, router_launch
 
 CLIENT, ADMIN = "client-test-only-key", "admin-test-only-key"
 
 def test_every_state_changing_or_worker_revealing_path_is_an_admin_path():
-    """routerclient.ROUTER_ADMIN_PATHS is written by hand: the front must treat exactly those of the router's paths
-    as admin paths (a path dropped from routerlaunch.ADMIN_PATHS, or one added by mistake, fails here)."""
-    admin = [(method, path) for method, path in routerclient.ROUTER_PATHS if routerlaunch.is_admin_path(path)]
-    assert admin == routerclient.ROUTER_ADMIN_PATHS
+    """router_client.ROUTER_ADMIN_PATHS is written by hand: the front must treat exactly those of the router's paths
+    as admin paths (a path dropped from router_launch.ADMIN_PATHS, or one added by mistake, fails here)."""
+    admin = [(method, path) for method, path in router_client.ROUTER_PATHS if router_launch.is_admin_path(path)]
+    assert admin == router_client.ROUTER_ADMIN_PATHS
 
 
 @pytest.mark.parametrize("target", [
@@ -28,14 +28,14 @@ def test_every_state_changing_or_worker_revealing_path_is_an_admin_path():
     "/%2561dd_worker", "/ADD_WORKER", "/add_worker/", "/workers/http%3A%2F%2Fx", "http://router/add_worker",
     "/add_worker;x", "/add_worker%00"])
 def test_spellings_of_an_admin_path_are_admin_paths(target):
-    assert routerlaunch.is_admin_path(target)
-    assert routerlaunch.decide(f"Bearer {CLIENT}", target, [CLIENT], [ADMIN]).status == 403
+    assert router_launch.is_admin_path(target)
+    assert router_launch.decide(f"Bearer {CLIENT}", target, [CLIENT], [ADMIN]).status == 403
 
 
 @pytest.mark.parametrize("target", ["/v1/chat/completions", "/v1/models", "/health", "/v1/responses/x/cancel",
                                     "/finish_session?session_id=s", "/tokenize", "/worker", "/v1/workers"])
 def test_client_paths_are_not_admin_paths(target):
-    assert not routerlaunch.is_admin_path(target)
+    assert not router_launch.is_admin_path(target)
 
 
 @pytest.mark.parametrize(("authorization", "target", "status"), [
@@ -44,13 +44,13 @@ def test_client_paths_are_not_admin_paths(target):
     (f"Bearer {CLIENT}", "/add_worker?url=x", 403), (f"Bearer {CLIENT}", "/list_workers", 403),
     (f"Bearer {ADMIN}", "/add_worker?url=x", 0), (f"Bearer {ADMIN}", "/v1/chat/completions", 0)])
 def test_decide(authorization, target, status):
-    verdict = routerlaunch.decide(authorization, target, [CLIENT], [ADMIN])
+    verdict = router_launch.decide(authorization, target, [CLIENT], [ADMIN])
     assert verdict.status == status
     assert bool(verdict.error) is bool(status)
 
 
 def test_a_refusal_is_one_line_of_json_naming_no_key():
-    body = routerlaunch.error_body(routerlaunch.decide(f"Bearer {CLIENT}", "/add_worker", [CLIENT], [ADMIN]))
+    body = router_launch.error_body(router_launch.decide(f"Bearer {CLIENT}", "/add_worker", [CLIENT], [ADMIN]))
     assert body.count(b"\n") == 1 and body.endswith(b"\n")
     assert json.loads(body)["error"]["code"] == 403
     assert CLIENT.encode() not in body and ADMIN.encode() not in body
@@ -60,7 +60,7 @@ def test_forwarded_headers_keep_authorization_and_drop_the_connections_own():
     headers = [("Authorization", f"Bearer {CLIENT}"), ("Content-Type", "application/json"),
                ("Connection", "keep-alive, X-Hop"), ("X-Hop", "1"), ("Transfer-Encoding", "chunked"),
                ("Host", "router:30000"), ("Content-Length", "12"), ("X-Request-Id", "r1")]
-    assert routerlaunch.forwarded_headers(headers) == [
+    assert router_launch.forwarded_headers(headers) == [
         ("Authorization", f"Bearer {CLIENT}"), ("Content-Type", "application/json"), ("X-Request-Id", "r1")]
 
 
@@ -120,8 +120,8 @@ class Upstream:
 @pytest.fixture
 def front():
     upstream = Upstream()
-    server = routerlaunch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [CLIENT], [ADMIN],
-                                       max_body_bytes=1024, client_timeout_s=10, upstream_timeout_s=10)
+    server = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [CLIENT], [ADMIN],
+                                        max_body_bytes=1024, client_timeout_s=10, upstream_timeout_s=10)
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (upstream.server, server)]
     for thread in threads:
         thread.start()
@@ -143,10 +143,10 @@ def _ask(port: int, method: str, path: str, key: str | None, body: bytes | None 
     return answer.status, data
 
 
-@pytest.mark.parametrize(("method", "path"), routerclient.ROUTER_ADMIN_PATHS)
+@pytest.mark.parametrize(("method", "path"), router_client.ROUTER_ADMIN_PATHS)
 def test_the_front_refuses_a_client_key_on_every_admin_path_and_passes_the_admin_key(front, method, path):
     port, upstream = front
-    body = json.dumps(routerclient.ROUTER_BODIES.get(path.split("?")[0], {})).encode() if method == "POST" else None
+    body = json.dumps(router_client.ROUTER_BODIES.get(path.split("?")[0], {})).encode() if method == "POST" else None
     status, data = _ask(port, method, path, CLIENT, body)
     assert status == 403 and json.loads(data)["error"]["code"] == 403
     assert upstream.seen == []
@@ -220,10 +220,10 @@ def test_the_front_and_the_key_check_take_a_rotated_client_key_without_a_restart
     client_file, admin_file = tmp_path / "router.key", tmp_path / "admin.key"
     client_file.write_text(f"{CLIENT}\n")
     admin_file.write_text(f"{ADMIN}\n")
-    clients = routerlaunch.KeyFiles([client_file], recheck_s=0)
-    front = routerlaunch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", clients,
-                                      routerlaunch.KeyFiles([admin_file], recheck_s=0), upstream_timeout_s=10)
-    check = routerlaunch.keycheck_server("127.0.0.1:0", routerlaunch.KeyFiles([client_file, admin_file], recheck_s=0))
+    clients = router_launch.KeyFiles([client_file], recheck_s=0)
+    front = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", clients,
+                                       router_launch.KeyFiles([admin_file], recheck_s=0), upstream_timeout_s=10)
+    check = router_launch.keycheck_server("127.0.0.1:0", router_launch.KeyFiles([client_file, admin_file], recheck_s=0))
     for server in (upstream.server, front, check):
         _serve(server)
     port, check_port = front.server_address[1], check.server_address[1]
@@ -254,8 +254,8 @@ def test_a_router_that_is_restarting_costs_a_wait_not_a_failure(retry_s, status)
     with socket.socket() as placeholder:  # a port nobody listens on yet
         placeholder.bind(("127.0.0.1", 0))
         port = placeholder.getsockname()[1]
-    front = routerlaunch.front_server("127.0.0.1:0", f"127.0.0.1:{port}", [CLIENT], [ADMIN], upstream_timeout_s=10,
-                                      upstream_retry_s=retry_s)
+    front = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{port}", [CLIENT], [ADMIN], upstream_timeout_s=10,
+                                       upstream_retry_s=retry_s)
     _serve(front)
     upstream_box: list[Upstream] = []
 

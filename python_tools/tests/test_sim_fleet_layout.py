@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from test_fleet_inventory import FILTERS, ROOT, load
 
-from twinspark import fleet
+from twinspark.fleet import rules as fleet
 
 spec = importlib.util.spec_from_file_location("fleet_inventory", ROOT / "scripts" / "sim" / "fleet-inventory.py")
 GENERATOR = importlib.util.module_from_spec(spec)

@@ -38,7 +38,7 @@ def hf_home(tmp_path_factory) -> Path:
 
 def _pinned_snapshot(home: Path) -> Path:
     defaults = recipe.defaults("gb10")
-    from twinspark.model import snapshot_dir
+    from twinspark.weights import snapshot_dir
 
     snapshot = snapshot_dir(home, defaults["MODEL"], defaults["MODEL_REVISION"])
     snapshot.mkdir(parents=True)
@@ -144,7 +144,7 @@ def test_stock_gb10_rank_passes_vllm_0_33_0_parser_and_sm121_backends(vllm_pytho
 @pytest.mark.ci_may_skip("CI's Python lives under /root (pyenv), which the unprivileged account cannot enter: no tool "
                          "is missing")
 def test_the_check_passes_as_an_unprivileged_account_without_network_with_secrets_as_a_credential(vllm_python):
-    """What the transient unit gives the check, short of systemd itself (twinspark.runtime_sandbox): another account
+    """What the transient unit gives the check, short of systemd itself (twinspark.runtime.sandbox): another account
     (nobody), no network (a namespace of the test's own, lo down), a HOME it cannot write, serve.env readable,
     secrets.env root's alone at its path and handed over as a credential the way LoadCredential= does. The check must
     still judge the flags, and say who it ran as."""
@@ -188,11 +188,11 @@ def test_the_check_passes_as_an_unprivileged_account_without_network_with_secret
 
 
 def test_the_account_is_named_or_numbered():
-    from twinspark import installed_runtime
+    from twinspark.runtime import installed
 
-    assert installed_runtime.running_as(os.geteuid()) == pwd.getpwuid(os.geteuid()).pw_name
+    assert installed.running_as(os.geteuid()) == pwd.getpwuid(os.geteuid()).pw_name
     unused = next(n for n in range(60000, 65000) if n not in {entry.pw_uid for entry in pwd.getpwall()})
-    assert installed_runtime.running_as(unused) == str(unused)
+    assert installed.running_as(unused) == str(unused)
 
 
 @pytest.mark.slow(45)
@@ -286,12 +286,12 @@ def test_runtime_check_without_vllm_is_exit_1_naming_the_venv(tmp_path, capsys):
 
 
 def test_model_config_path_is_the_pinned_snapshot_or_the_local_directory():
-    from twinspark import installed_runtime
+    from twinspark.runtime import installed
 
     values = {"MODEL": "org/name", "MODEL_REVISION": "abc", "HF_HOME": "/hf"}
-    assert str(installed_runtime.model_config_path(values)) == "/hf/hub/models--org--name/snapshots/abc/config.json"
-    assert str(installed_runtime.model_config_path({"MODEL": "/m"})) == "/m/config.json"
-    assert installed_runtime.model_config_path({"MODEL": "org/name", "MODEL_REVISION": ""}) is None
+    assert str(installed.model_config_path(values)) == "/hf/hub/models--org--name/snapshots/abc/config.json"
+    assert str(installed.model_config_path({"MODEL": "/m"})) == "/m/config.json"
+    assert installed.model_config_path({"MODEL": "org/name", "MODEL_REVISION": ""}) is None
 
 
 if __name__ == "__main__":

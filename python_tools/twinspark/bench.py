@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass
 
 import requests
 
-from twinspark import api, fleet, netguard
+from twinspark import api, netguard
 from twinspark import inventory as pair_inventory
+from twinspark.fleet import rules as fleet
 from twinspark.inventory import InventoryError
 
 # Figures published for DeepSeek-V4-Flash-0731 at TP=2 on two DGX Sparks, the numbers a gb10 pair should reach

@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu": ("twinspark.gpu", "GPU facts from nvidia-smi"),
     "health": ("twinspark.health.command", "check the pair's health (table, --json, --prom-file)"),
     "serve": ("twinspark.launcher", "start this node's vLLM rank from its env files (exec, no shell)"),
-    "model": ("twinspark.model", "fetch, verify and describe model weights"),
+    "model": ("twinspark.weights", "fetch, verify and describe model weights"),
     "monitor": ("twinspark.monitoring", "the pair's monitoring: scrape config for an existing Prometheus"),
     "route-check": ("twinspark.netguard",
                     "refuse to dial a simulated-pair address whose route would leave this machine"),
@@ -48,7 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "the recipes (models) this project serves: list, show, check against the vLLM that serves them"),
     "pair": ("twinspark.pair.cli", "keep the two ranks serving as one pair (runs on the head)"),
     "patch": ("twinspark.patching", "apply, check or revert the vLLM patches (all or nothing)"),
-    "runtime": ("twinspark.installed_runtime", "report the installed serving runtime (vLLM, torch, patches)"),
+    "runtime": ("twinspark.runtime.installed", "report the installed serving runtime (vLLM, torch, patches)"),
     "tls": ("twinspark.tls", "the API's optional TLS (a self-signed test certificate; rotation's head steps)"),
 }
 

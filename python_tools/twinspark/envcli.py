@@ -12,7 +12,8 @@ import stat
 import sys
 from pathlib import Path
 
-from twinspark import envfile, generate, layout, nodeenv, runtime_store, settings, validate
+from twinspark import envfile, generate, layout, nodeenv, settings, validate
+from twinspark.runtime import store
 
 EXIT_OK = 0
 EXIT_STALE = 1
@@ -80,12 +81,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not args.skip_permissions:
         problems += _loose_secrets(args.files, read.origin)
     if args.runtime:
-        reads = runtime_store.reads_of(Path(args.runtime))
+        reads = store.reads_of(Path(args.runtime))
         if reads is None:
             problems.append(f"--runtime {args.runtime}: no venv with a vllm package there; give the serving venv "
                             f"({layout.current().venv}) or a directory under {layout.current().runtime_root}")
         else:
-            problems += runtime_store.unread_knobs(read.values, reads)
+            problems += store.unread_knobs(read.values, reads)
     for line in problems:
         print(line, file=sys.stderr)
     if args.json:

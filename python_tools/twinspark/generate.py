@@ -27,8 +27,8 @@ LAYOUT_DERIVED = (
     ("python", "{{ twinspark_layout_venv }}/bin/python", "The venv's interpreter."),
     ("pair", "{{ inventory_hostname | twinspark_own_pair(groups, hostvars) }}",
      "This host's own pair, {name, head, worker, hosts, problems} (filter twinspark_own_pair, rule "
-     "twinspark.fleet.own_pair): on a one-pair inventory the first host of twinspark_head and of twinspark_worker "
-     "(problems: what is wrong with those groups), on a fleet the pair group holding this host."),
+     "twinspark.fleet.rules.own_pair): on a one-pair inventory the first host of twinspark_head and of "
+     "twinspark_worker (problems: what is wrong with those groups), on a fleet the pair group holding this host."),
     ("pair_name", "{{ twinspark_layout_pair.name }}",
      "The pair's name: its group on a fleet inventory, twinspark_pair on a one-pair one."),
     ("pair_hosts", "{{ twinspark_layout_pair.hosts }}", "The pair's two hosts, head first."),

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from twinspark import api, envfile, fleet, layout, nodeenv, settings
+from twinspark import api, envfile, layout, nodeenv, settings
+from twinspark.fleet import rules as fleet
 
 HEAD_GROUP = nodeenv.HEAD_GROUP
 WORKER_GROUP = nodeenv.WORKER_GROUP

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from twinspark import envfile, recipe, safeio, settings, validate
-from twinspark import model as checkpoint
+from twinspark import weights as checkpoint
 from twinspark.doctor import collect
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 2, 3

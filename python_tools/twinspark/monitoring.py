@@ -36,7 +36,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from twinspark import api, fleet, inventory, layout
+from twinspark import api, inventory, layout
+from twinspark.fleet import rules as fleet
 
 MONITOR_GROUP = "twinspark_monitor"
 LISTEN_VAR = "monitoring_listen_address"

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from twinspark import frontdoor, inventory, launcher, memfit, recipe, settings, vllmcheck
-from twinspark import model as checkpoint
+from twinspark import weights as checkpoint
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 2, 3
 # `recipe switch` keeps the front door's codes: 2 refused before any run, else the playbook's or health's.

@@ -203,7 +203,7 @@ def _str(knob: Knob, text: str) -> str:
 
 def base_url(text: str) -> str:
     """A base URL (http or https, a host, no path, query or fragment) without its trailing slash; ValueError says
-    why not. The rule of the `url` type, and of the drain's router URLs on the node (twinspark.drain)."""
+    why not. The rule of the `url` type, and of the drain's router URLs on the node (twinspark.fleet.drain)."""
     parsed = urllib.parse.urlsplit(text.strip())
     try:
         parsed.port  # noqa: B018 - raises ValueError on a port that is not a number or out of range

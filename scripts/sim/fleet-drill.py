@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_tools"))
 
-from twinspark import routerclient  # noqa: E402
+from twinspark.fleet import router_client  # noqa: E402
 
 
 def listed(list_workers_body: str, worker: str) -> bool | None:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lock = threading.Lock()
     stop = threading.Event()
-    outcomes: list[routerclient.Outcome] = []
+    outcomes: list[router_client.Outcome] = []
     marks: dict[str, float] = {}
     action: dict[str, object] = {}
     # (time, victim in the list and healthy, victim's processed count)
@@ -89,15 +89,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def sample() -> None:
         while not stop.is_set():
-            status, body = routerclient.request(args.router, "/list_workers", admin_key, timeout_s=5)
+            status, body = router_client.request(args.router, "/list_workers", admin_key, timeout_s=5)
             in_list = listed(body, args.victim) if status == 200 else None
             try:
                 text = subprocess.run(args.metrics_cmd, shell=True, timeout=10, capture_output=True,
                                       text=True).stdout
             except subprocess.TimeoutExpired:
                 text = ""
-            healthy = routerclient.worker_health(text).get(args.victim)
-            served = routerclient.processed(text, args.victim)
+            healthy = router_client.worker_health(text).get(args.victim)
+            served = router_client.processed(text, args.victim)
             samples.append((time.monotonic(), bool(in_list) and healthy is True, served))
             stop.wait(1.0)
 
@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                 index = counter["next"]
                 counter["next"] += 1
             t = time.monotonic()
-            status, answer = routerclient.chat_once(args.router, key, timeout_s=args.request_timeout_s)
+            status, answer = router_client.chat_once(args.router, key, timeout_s=args.request_timeout_s)
             with lock:
-                outcomes.append(routerclient.Outcome(index, t, time.monotonic(), status, answer))
+                outcomes.append(router_client.Outcome(index, t, time.monotonic(), status, answer))
                 counter["done"] += 1
                 if counter["done"] == args.act_at:
                     threading.Thread(target=run_action, daemon=True).start()
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     after = [s for s in samples if s[0] >= t0]
     out_at = next((s[0] for s in after if not s[1]), None)
     back = next((s for s in after if out_at is not None and s[0] > out_at and s[1]), None)
-    figures = routerclient.summarise(outcomes)
+    figures = router_client.summarise(outcomes)
     failed = [o for o in outcomes if o.status != 200]
     figures.pop("failed_indices")
     figures.update({

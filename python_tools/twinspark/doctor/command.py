@@ -22,7 +22,11 @@ from twinspark.doctor import collect, rules
 
 EXIT_BAD_INPUT = 3
 MAX_FACTS_BYTES = 8 << 20
-DEFAULT_ENV_FILE = layout.current().serve_env
+
+
+def default_env_file() -> str:
+    """This node's serve.env (the layout, read when first needed: importing this module reads no file)."""
+    return layout.current().serve_env
 
 
 class BadInput(Exception):
@@ -33,7 +37,7 @@ def _env_values(paths: list[str], profile: str | None) -> dict[str, str]:
     """The settings the rules read, from the env files (later override earlier) or, with none readable, the
     registry's defaults for `profile`."""
     explicit = bool(paths)
-    read = envfile.read_files(paths or [DEFAULT_ENV_FILE])
+    read = envfile.read_files(paths or [default_env_file()])
     if read.refused and explicit:
         raise BadInput(read.refused[0] + "; pass readable env files with --env, or none to use --profile's defaults")
     values = {} if read.refused else dict(read.values)
@@ -117,7 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--facts", action="append", default=[], metavar="FILE",
                         help="judge facts saved by --collect; twice for the two nodes of a pair")
     parser.add_argument("--env", action="append", default=[], metavar="FILE", dest="env_files",
-                        help=f"env file(s) to judge against (default: {DEFAULT_ENV_FILE}, or with --facts the "
+                        help=f"env file(s) to judge against (default: {default_env_file()}, or with --facts the "
                              "settings recorded in the facts)")
     parser.add_argument("--profile", choices=settings.PROFILES,
                         help="the profile whose defaults apply when no env file can be read (default gb10)")

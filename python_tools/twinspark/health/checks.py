@@ -34,10 +34,17 @@ MARKS = {OK: "ok", DEGRADED: "DEGRADED", FAILED: "FAILED", UNKNOWN: "UNKNOWN"}
 # The node label of checks that concern both nodes (cross-node comparisons) or the serving API of the pair.
 PAIR = "pair"
 
-UNIT = layout.current().unit_vllm
-JOURNAL_HINT = f"journalctl -u {UNIT.removesuffix('.service')} -n 120"
 START_HINT = "start both ranks in order, worker first: ansible-playbook playbooks/start.yml"
 RESTART_HINT = "restart both ranks, worker first: ansible-playbook playbooks/restart.yml"
+
+
+def rank_unit() -> str:
+    """The rank's unit on this node (the layout, read when first needed: importing this module reads no file)."""
+    return layout.current().unit_vllm
+
+
+def journal_hint() -> str:
+    return f"journalctl -u {rank_unit().removesuffix('.service')} -n 120"
 
 # The driver branch vLLM needs on a GB10 (docs/DRIVERS.md).
 MIN_DRIVER_MAJOR = 580
@@ -121,21 +128,21 @@ def check_unit(node: str, unit: Mapping[str, str]) -> CheckResult:
     enabled = unit.get("UnitFileState", "")
     restarts = unit.get("NRestarts", "0") or "0"
     if load != "loaded":
-        return failed(node, "unit", f"{UNIT} is not installed (LoadState={load or 'unknown'})",
+        return failed(node, "unit", f"{rank_unit()} is not installed (LoadState={load or 'unknown'})",
                       "install the service: ansible-playbook site.yml (role vllm_service)")
     state = f"{active} ({sub})" if sub else active
     if active == "active":
         note = f", restarted {restarts} time(s)" if restarts not in ("0", "") else ""
         if enabled not in ("enabled", "static", "enabled-runtime", "indirect", "generated"):
-            return degraded(node, "unit", f"{UNIT} {state} but {enabled or 'not enabled'}{note}: it will not "
+            return degraded(node, "unit", f"{rank_unit()} {state} but {enabled or 'not enabled'}{note}: it will not "
                             "come back after a reboot", "systemctl enable twinspark-vllm (or run site.yml)")
-        return ok(node, "unit", f"{UNIT} {state}, {enabled}{note}")
+        return ok(node, "unit", f"{rank_unit()} {state}, {enabled}{note}")
     if active in ("activating", "reloading"):
-        return degraded(node, "unit", f"{UNIT} {state}: still starting (first-boot JIT can take 30+ minutes)",
-                        f"wait; follow it with {JOURNAL_HINT} -f")
+        return degraded(node, "unit", f"{rank_unit()} {state}: still starting (first-boot JIT can take 30+ minutes)",
+                        f"wait; follow it with {journal_hint()} -f")
     result = unit.get("Result", "")
     why = f", last result {result}" if result and result != "success" else ""
-    return failed(node, "unit", f"{UNIT} {state}{why}", f"{START_HINT}; see why with {JOURNAL_HINT}")
+    return failed(node, "unit", f"{rank_unit()} {state}{why}", f"{START_HINT}; see why with {journal_hint()}")
 
 
 def check_process(node: str, unit: Mapping[str, str], processes: Mapping[str, object]) -> CheckResult:
@@ -151,13 +158,13 @@ def check_process(node: str, unit: Mapping[str, str], processes: Mapping[str, ob
     active = unit.get("ActiveState") == "active"
     if outside:
         pids = ", ".join(str(p["pid"]) for p in outside[:6])
-        return failed(node, "process", f"vLLM running outside {UNIT} (pid {pids}): a stale rank blocks the pair",
+        return failed(node, "process", f"vLLM running outside {rank_unit()} (pid {pids}): a stale rank blocks the pair",
                       f"stop it (kill {outside[0]['pid']}), then {START_HINT}")
     if not active:
         return failed(node, "process", "no vLLM process", START_HINT)
     if not in_unit:
-        return failed(node, "process", f"{UNIT} is active (main pid {main_pid}) but no vLLM process runs in it",
-                      f"{RESTART_HINT}; see why with {JOURNAL_HINT}")
+        return failed(node, "process", f"{rank_unit()} is active (main pid {main_pid}) but no vLLM process runs in it",
+                      f"{RESTART_HINT}; see why with {journal_hint()}")
     rss = sum(int(p.get("rss_bytes") or 0) for p in in_unit)
     return ok(node, "process", f"vLLM pid {main_pid}, {len(in_unit)} process(es), RSS {_gib(rss)}")
 
@@ -285,7 +292,7 @@ def check_model(node: str, model: Mapping[str, object]) -> CheckResult:
 
     gather.read_model resolves the model (a directory, or the pinned hub snapshot found offline in HF_HOME; either
     counts as on the node only when it holds config.json) and runs `twinspark model verify`'s rules on it
-    (twinspark/model.py, verify_model_dir): every shard (the index's weight_map, or the single model.safetensors) is
+    (twinspark/weights.py, verify_model_dir): every shard (the index's weight_map, or the single model.safetensors) is
     there at its full size, the size the manifest records or else the size the shard's own safetensors header
     implies; and, when the node holds the role's manifest (layout model_manifest, outside the copy), every other
     file the manifest lists is there at the size it records. SHA-256 is not recomputed here (`twinspark model
@@ -597,7 +604,7 @@ def check_liveness(result: Mapping[str, object], timeout: float, down_nodes: Seq
         problem = "the answer held no generated token"
     if problem:
         return failed(PAIR, "liveness", f"one-token generation failed: {problem}{_down_note(down_nodes)}",
-                      RESTART_HINT + f"; see why with {JOURNAL_HINT} on both nodes")
+                      RESTART_HINT + f"; see why with {journal_hint()} on both nodes")
     elapsed = float(result.get("elapsed") or 0.0)
     return ok(PAIR, "liveness", f"one-token generation in {elapsed:.2f} s (timeout {timeout:g} s)")
 

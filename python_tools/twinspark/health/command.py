@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from twinspark import api, layout, netguard, routerclient
+from twinspark import api, layout, netguard
+from twinspark.fleet import router_client
 from twinspark.health import checks, fleetreport, gather, remote, report
 from twinspark.health.checks import CheckResult
 from twinspark.inventory import InventoryError, default_inventory, read_fleet, read_inventory
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node", help="the name this node reports under with --local (default: its hostname)")
     parser.add_argument("--env", action="append", type=Path, metavar="FILE",
                         help="with --local: env file(s) to read, later ones override earlier ones "
-                        f"(default: {gather.SERVE_ENV} {gather.SECRETS_ENV})")
+                        f"(default: {' '.join(map(str, gather.default_env_files()))})")
     parser.set_defaults(func=run)
 
 
@@ -95,7 +96,7 @@ def node_summary(facts: Mapping[str, object]) -> dict[str, object]:
 
 
 def local_sweep(args: argparse.Namespace) -> tuple[list[CheckResult], dict, dict]:
-    env_facts, env = gather.read_env(args.env or (gather.SERVE_ENV, gather.SECRETS_ENV))
+    env_facts, env = gather.read_env(args.env or None)
     name = args.node or gather.node_name()
     results: list[CheckResult] = []
     nodes: dict[str, object] = {}
@@ -209,13 +210,13 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
     netguard.check([view.router_url])
     ask = list_workers or _list_workers
     status, body = ask(view.router_url, view.router_admin_key or key, timeout)
-    listed = routerclient.listed_from_answer(status, body)
+    listed = router_client.listed_from_answer(status, body)
     router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
     return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)
 
 
 def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
-    return routerclient.request(url, "/list_workers", key, timeout_s=timeout)
+    return router_client.request(url, "/list_workers", key, timeout_s=timeout)
 
 
 def answer_fleet(sweep: Callable[[], tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]],

@@ -25,28 +25,39 @@ from twinspark import (
     envfile,
     firewall,
     gpu,
-    installed_runtime,
     layout,
     monitoring,
     patching,
-    runtime_store,
     settings,
     systemd,
     validate,
 )
-from twinspark import model as checkpoint
+from twinspark import weights as checkpoint
 from twinspark.doctor import bandwidth, collect
 from twinspark.fabric import gid, links, sysfs
 from twinspark.health import checks
 from twinspark.pair import lifecycle, textfile
+from twinspark.runtime import installed, store
 
-SERVE_ENV = Path(layout.current().serve_env)
-SECRETS_ENV = Path(layout.current().secrets_env)
-STATE_DIR = Path(layout.current().state_dir)
-UNIT = layout.current().unit_vllm
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "UnitFileState", "Result",
                    "ExecMainStatus", "ActiveEnterTimestamp")
 COMMAND_TIMEOUT_S = 10
+
+
+# This node's layout, read when first needed (importing this module reads no file).
+def default_env_files() -> tuple[Path, Path]:
+    """This node's serve.env and secrets.env."""
+    lay = layout.current()
+    return Path(lay.serve_env), Path(lay.secrets_env)
+
+
+def default_state_dir() -> Path:
+    return Path(layout.current().state_dir)
+
+
+def rank_unit() -> str:
+    """The rank's unit on this node."""
+    return layout.current().unit_vllm
 
 # A process runs vLLM when one of its first arguments is the vllm entry point, a vLLM module, or a title vLLM sets
 # on its engine and worker processes (VLLM::EngineCore, VLLM::Worker_TP0, ...).
@@ -110,9 +121,11 @@ def digest(value: str) -> str:
     return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
-def read_env(paths: Sequence[Path] = (SERVE_ENV, SECRETS_ENV)) -> tuple[dict[str, object], dict[str, str]]:
+def read_env(paths: Sequence[Path] | None = None) -> tuple[dict[str, object], dict[str, str]]:
     """(env facts, the env itself). The facts name the files read, the validation problems and the settings with
-    secrets replaced by digests; the env itself (secrets included) stays in this process."""
+    secrets replaced by digests; the env itself (secrets included) stays in this process. `paths` defaults to this
+    node's serve.env and secrets.env."""
+    paths = default_env_files() if paths is None else paths
     env, origin, files, problems = read_env_files(paths)
     secret_files = {str(p) for p in paths if p.name.startswith("secret")}
     try:
@@ -134,7 +147,9 @@ def read_env(paths: Sequence[Path] = (SERVE_ENV, SECRETS_ENV)) -> tuple[dict[str
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def read_unit(unit: str = UNIT, run: Run = run_command) -> dict[str, str]:
+def read_unit(unit: str | None = None, run: Run = run_command) -> dict[str, str]:
+    """`systemctl show` of `unit` (default: the rank's unit on this node)."""
+    unit = rank_unit() if unit is None else unit
     completed = run(systemd.show_argv(unit, UNIT_PROPERTIES))
     values = systemd.parse_show(completed.stdout)
     if completed.returncode != 0 and not values:
@@ -146,8 +161,10 @@ def is_vllm(argv: Sequence[str]) -> bool:
     return any(_VLLM_ARGV.search(arg) for arg in argv[:3])
 
 
-def read_processes(main_pid: int, unit: str = UNIT, proc: Path = Path("/proc")) -> dict[str, object]:
-    """Every process running vLLM, with whether it lives in the unit's cgroup, and the unit's main process."""
+def read_processes(main_pid: int, unit: str | None = None, proc: Path = Path("/proc")) -> dict[str, object]:
+    """Every process running vLLM, with whether it lives in the unit's cgroup (default: the rank's), and the unit's
+    main process."""
+    unit = rank_unit() if unit is None else unit
     found: list[dict[str, object]] = []
     main_cmdline = ""
     for entry in proc.iterdir():
@@ -257,7 +274,8 @@ def read_model(env: Mapping[str, str], manifest_path: Path | None = None) -> dic
     return facts
 
 
-def read_disk(path: Path = STATE_DIR) -> dict[str, object]:
+def read_disk(path: Path | None = None) -> dict[str, object]:
+    path = default_state_dir() if path is None else path
     try:
         usage = shutil.disk_usage(path)
     except OSError as error:
@@ -310,20 +328,20 @@ def read_bandwidth(env: Mapping[str, str], record_path: str | None = None, sys_r
 
 
 def read_runtime() -> dict[str, object]:
-    """vLLM, torch, patch state and the twinspark package digest, as installed_runtime.py reports them (metadata only:
-    importing torch would take seconds)."""
+    """vLLM, torch, patch state and the twinspark package digest, as twinspark.runtime.installed reports them
+    (metadata only: importing torch would take seconds)."""
     patches_dir = Path(os.environ.get(patching.PATCHES_DIR_ENV, patching.DEFAULT_PATCHES_DIR))
-    return installed_runtime.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
+    return installed.facts(Path(sysconfig.get_paths()["purelib"]), patches_dir, importlib.metadata.distribution)
 
 
 def read_unread_knobs(env: Mapping[str, str], prefix: Path | None = None) -> list[str]:
-    """The knobs set in the env files that this runtime never reads (twinspark.runtime_store): recorded by the role in
+    """The knobs set in the env files that this runtime never reads (twinspark.runtime.store): recorded by the role in
     the runtime's runtime.json, else looked up in the installed vLLM's code."""
     prefix = Path(sys.prefix) if prefix is None else prefix
-    reads = runtime_store.runtime_record_reads(prefix)
+    reads = store.runtime_record_reads(prefix)
     if reads is None:
-        reads = runtime_store.knob_readers(Path(sysconfig.get_paths()["purelib"]))
-    return runtime_store.unread_knobs(env, reads)
+        reads = store.knob_readers(Path(sysconfig.get_paths()["purelib"]))
+    return store.unread_knobs(env, reads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,12 +409,12 @@ def read_guard(marker: str | None = None, path: str | None = None, now: float | 
 
 
 def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Run = run_command,
-                state_dir: Path = STATE_DIR) -> dict[str, object]:
+                state_dir: Path | None = None) -> dict[str, object]:
     """Every per-node fact, plus what the cross-node checks compare (settings, runtime, model).
 
     `env_facts` and `env` are what read_env returned."""
     profile = profile_of(env)
-    unit = read_unit(UNIT, run)
+    unit = read_unit(rank_unit(), run)
     try:
         main_pid = int(unit.get("MainPID") or 0)
     except ValueError:

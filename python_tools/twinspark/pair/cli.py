@@ -14,7 +14,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import drain, envfile, layout
+from twinspark import envfile, layout
+from twinspark.fleet import drain
 from twinspark.pair import guard, lifecycle, textfile
 from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, LivePair, log
 from twinspark.pair.rules import (
@@ -31,7 +32,10 @@ from twinspark.pair.rules import (
     warm,
 )
 
-DEFAULT_ENV_FILES = (layout.current().serve_env, layout.current().secrets_env)
+
+def default_env_files() -> tuple[str, str]:
+    """This node's serve.env and secrets.env (the layout, read when first needed: importing reads no file)."""
+    return layout.current().serve_env, layout.current().secrets_env
 
 
 def _read_env(paths: Sequence[str]) -> dict[str, str]:
@@ -270,8 +274,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def common(sub: argparse.ArgumentParser, acts: bool) -> None:
-        sub.add_argument("--state-file", default=guard.DEFAULT_STATE_FILE, help="where the guard keeps its history")
-        sub.add_argument("--pause-file", default=lifecycle.DEFAULT_PAUSE_FILE, metavar="FILE",
+        sub.add_argument("--state-file", default=guard.default_state_file(), help="where the guard keeps its history")
+        sub.add_argument("--pause-file", default=lifecycle.default_pause_file(), metavar="FILE",
                          help="the guard's pause marker (`twinspark pair pause`/`resume` write and remove it)")
         if not acts:
             return
@@ -306,7 +310,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the fabric down this long is reported at error priority (the guard never restarts "
                               "while it is down: a restart cannot fix a link)")
         sub.add_argument("--json", action="store_true", help="print what was seen and decided as JSON")
-        sub.add_argument("--lock-file", default=lifecycle.DEFAULT_LOCK_FILE, metavar="FILE",
+        sub.add_argument("--lock-file", default=lifecycle.default_lock_file(), metavar="FILE",
                          help="the pair's lifecycle lock, taken by every start, stop and restart (the guard never "
                               "waits for it)")
         sub.add_argument("--lock-timeout", type=float, default=lifecycle.DEFAULT_LOCK_TIMEOUT_S, metavar="S",
@@ -444,7 +448,7 @@ def _with_defaults(func: Callable[[argparse.Namespace], int]) -> Callable[[argpa
                 return 2
             args = found
         if args.env is None:
-            args.env = list(DEFAULT_ENV_FILES)
+            args.env = list(default_env_files())
         if args.startup_grace is None:
             args.startup_grace = args.ready_timeout
         return func(args)

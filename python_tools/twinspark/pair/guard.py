@@ -45,7 +45,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import atomic, drain, firewall, layout
+from twinspark import atomic, firewall, layout
+from twinspark.fleet import drain
 from twinspark.pair import lifecycle, textfile
 from twinspark.pair.io import LivePair, guard_key_problem, log, router_of
 from twinspark.pair.rules import (
@@ -63,7 +64,10 @@ from twinspark.pair.rules import (
     state_to_json,
 )
 
-DEFAULT_STATE_FILE = layout.current().guard_state
+
+def default_state_file() -> str:
+    """Where the guard keeps its history (the layout, read when first needed: importing this module reads no file)."""
+    return layout.current().guard_state
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import api as head_api
-from twinspark import atomic, drain, systemd
+from twinspark import atomic, systemd
 from twinspark.fabric import sysfs
+from twinspark.fleet import drain
 from twinspark.pair.rules import (
     FABRIC_PROBE_PORT,
-    UNIT,
     Api,
     Generation,
     GuardState,
@@ -36,6 +36,7 @@ from twinspark.pair.rules import (
     fabric_problem,
     head_replaced_since_served,
     probe_plan,
+    rank_unit,
     sample_from_metrics,
     served_from_json,
     served_to_json,
@@ -72,8 +73,8 @@ class LivePair:
     ssh_key: str = DEFAULT_SSH_KEY
     known_hosts: str = DEFAULT_KNOWN_HOSTS
     ssh_timeout_s: float = 10.0
-    unit: str = UNIT
-    router: drain.Router | None = None  # the fleet's router, when the env files name one (twinspark.drain)
+    unit: str = field(default_factory=rank_unit)
+    router: drain.Router | None = None  # the fleet's router, when the env files name one (twinspark.fleet.drain)
     fabric_ifnames: Sequence[str] = ()  # this node's fabric interfaces (NCCL_SOCKET_IFNAME), read in sysfs
     fabric_peer: str | None = None  # the worker's fabric address (WORKER_HOST), knocked on over TCP
     class_net: Path = sysfs.CLASS_NET

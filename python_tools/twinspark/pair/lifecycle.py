@@ -33,13 +33,32 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinspark import atomic, drain, layout, safeio
+from twinspark import atomic, layout, safeio
 from twinspark import memfit as planner
+from twinspark.fleet import drain
 from twinspark.pair.io import LivePair, guard_key_problem, log, router_of
 from twinspark.pair.rules import Generation
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
-KICK_SOCKET = layout.current().unit_pair_guard_kick
+
+
+# This node's layout (units, the lock, the pause marker), read when first needed: importing this module reads no file.
+def kick_socket() -> str:
+    return layout.current().unit_pair_guard_kick
+
+
+def default_lock_file() -> str:
+    return layout.current().pair_lock  # in the root-only (0700) control directory
+
+
+def default_pause_file() -> str:
+    return layout.current().guard_pause
+
+
+def guard_service() -> str:
+    return layout.current().unit_pair_guard
+
+
 SD_LISTEN_FDS_START = 3
 # A run never reads more than this many datagrams: a flood cannot keep the guard reading instead of looking.
 MAX_DRAIN = 4096
@@ -81,11 +100,12 @@ def summarize(datagrams: Iterable[tuple[bytes, str]]) -> Kicks:
     return Kicks(count, ignored, tuple(sorted(senders)))
 
 
-def listen_fds(environ: Mapping[str, str], pid: int, name: str = KICK_SOCKET) -> list[int]:
+def listen_fds(environ: Mapping[str, str], pid: int, name: str | None = None) -> list[int]:
     """The descriptors systemd passed to this process for the socket unit `name` (sd_listen_fds(3) protocol).
 
     None when LISTEN_PID names another process (the variables were inherited, not meant for us); when
-    LISTEN_FDNAMES is set, only the descriptors carrying `name`."""
+    LISTEN_FDNAMES is set, only the descriptors carrying `name` (default: the guard's kick socket)."""
+    name = kick_socket() if name is None else name
     try:
         if int(environ.get("LISTEN_PID", "0")) != pid:
             return []
@@ -108,7 +128,7 @@ def trigger_line(kicks: Kicks, listening: bool) -> str:
     extra = f" ({kicks.ignored} datagram(s) that are not a kick ignored)" if kicks.ignored else ""
     if listening:
         return f"run by the timer, no kick waiting{extra}"
-    return f"run without the kick socket (is {KICK_SOCKET} running?){extra}"
+    return f"run without the kick socket (is {kick_socket()} running?){extra}"
 
 
 def should_kick(system_state: str) -> bool:
@@ -279,7 +299,6 @@ class KickInbox:
 # The lifecycle lock (issue 13): one flock on the head, taken by everything that starts, stops or changes the pair
 # ---------------------------------------------------------------------------------------------------------------
 
-DEFAULT_LOCK_FILE = layout.current().pair_lock  # in the root-only (0700) control directory
 DEFAULT_LOCK_TIMEOUT_S = 120.0
 MAX_HOLDER_BYTES = 4096
 
@@ -391,8 +410,6 @@ def put_back(done: Sequence[tuple[str, str]], plan: Sequence[tuple[str, str]] = 
 # Pausing the guard: one marker file on the head, read by every guard run
 # ---------------------------------------------------------------------------------------------------------------
 
-DEFAULT_PAUSE_FILE = layout.current().guard_pause
-GUARD_SERVICE = layout.current().unit_pair_guard
 
 
 @dataclass(frozen=True)
@@ -656,12 +673,12 @@ def _who() -> str:
 def stop_guard_run(timeout_s: float = 150.0) -> str:
     """End a guard run in progress (it may be in the middle of an ordered restart); '' or why it could not."""
     try:
-        out = subprocess.run(["systemctl", "stop", GUARD_SERVICE], capture_output=True, text=True,
+        out = subprocess.run(["systemctl", "stop", guard_service()], capture_output=True, text=True,
                              timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"systemctl stop {GUARD_SERVICE}: {exc}"
+        return f"systemctl stop {guard_service()}: {exc}"
     if out.returncode not in (0, 5):  # 5: no such unit (the guard is not installed here)
-        return f"systemctl stop {GUARD_SERVICE}: exit {out.returncode}: {out.stderr.strip()}"
+        return f"systemctl stop {guard_service()}: exit {out.returncode}: {out.stderr.strip()}"
     return ""
 
 

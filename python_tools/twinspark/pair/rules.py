@@ -5,8 +5,8 @@ turns a verdict and the remembered state into an action (none, wait, restart, ho
 restarts for what a restart cannot cure (the fabric down, the guard's key unusable, the runtime missing);
 `after_restart` records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a
 busy pair is told from a stalled one. No systemctl, SSH, HTTP or clock here (the one file read is the node's layout,
-once, at import, for the rank's unit name): twinspark.pair does the I/O and hands these functions what it saw
-(roles/vllm_service/README.md describes the faults they answer).
+once per process, for the rank's unit name, when a line first names it; importing reads nothing): twinspark.pair does
+the I/O and hands these functions what it saw (roles/vllm_service/README.md describes the faults they answer).
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ from twinspark.fabric import links
 from twinspark.fabric.links import LinkState
 from twinspark.health import checks
 
-UNIT = layout.current().unit_vllm  # the rank's unit on this node (layout.yml, overlaid by the node file)
 RESTART_HINT = "ansible-playbook playbooks/restart.yml (or `twinspark pair reset` on the head once fixed)"
+
+
+def rank_unit() -> str:
+    """The rank's unit on this node (layout.yml, overlaid by the node file), read when first needed."""
+    return layout.current().unit_vllm
+
 
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
 TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
@@ -306,8 +311,8 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
         return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
     for rank, state in (("head", obs.head_state), ("worker", obs.worker_state)):
         if state in TRANSITIONAL:
-            return Verdict.STARTING, f"the {rank}'s {UNIT} is {state}"
-    down = [f"{rank}'s {UNIT} is {state}" for rank, state in (("head", obs.head_state),
+            return Verdict.STARTING, f"the {rank}'s {rank_unit()} is {state}"
+    down = [f"{rank}'s {rank_unit()} is {state}" for rank, state in (("head", obs.head_state),
                                                             ("worker", obs.worker_state)) if state != "active"]
     if down:
         return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
@@ -611,8 +616,8 @@ def runtime_problem(path: str | None, present: bool) -> str | None:
     """The rank's executable (its unit's ExecStart) and whether it is there -> why no restart can start the rank."""
     if path is None or present:
         return None
-    return (f"the runtime is missing: {path}, which {UNIT} runs, is not there; ansible-playbook site.yml installs it "
-            "(role vllm_runtime)")
+    return (f"the runtime is missing: {path}, which {rank_unit()} runs, is not there; ansible-playbook site.yml "
+            "installs it (role vllm_runtime)")
 
 
 # Below this much free space under the state directory (models, HF_HOME, the JIT and compile caches) a rank cannot

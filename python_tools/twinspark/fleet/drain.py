@@ -38,7 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from twinspark import routerclient, validate
+from twinspark import validate
+from twinspark.fleet import router_client
 
 ROUTER_URL_ENV = "TWINSPARK_ROUTER_URL"
 PAIR_URL_ENV = "TWINSPARK_ROUTER_PAIR_URL"
@@ -175,14 +176,14 @@ class Router:
 
     def _http(self, method: str) -> Post:
         def send(path: str, timeout_s: float) -> tuple[int | None, str]:
-            return routerclient.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
+            return router_client.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
 
         return send
 
     def listed(self) -> tuple[tuple[str, ...] | None, str]:
         """The router's worker URLs (None when it cannot be read), and a line saying why not."""
         status, body = self._get("/list_workers", ADMIN_TIMEOUT_S)
-        urls = routerclient.listed_from_answer(status, body)
+        urls = router_client.listed_from_answer(status, body)
         if urls is not None:
             return urls, ""
         text = " ".join(body.split())[:160]

@@ -18,7 +18,7 @@ is visible (or --capability is given), vLLM's DeepSeek-V4 attention- and MoE-bac
 It also asks the memory planner (`twinspark plan`, this node's memory, the model's files when they are here): a
 configuration that does not fit is refused (one line with the planner's advice) unless TWINSPARK_PLAN_FIT=warn.
 The report names the account it ran as (`as` line; `account` and `uid` in --json): the playbooks never run it as
-root, but as the serving account in a sandboxed transient unit (twinspark/runtime_sandbox.py, docs/RUNTIME.md).
+root, but as the serving account in a sandboxed transient unit (twinspark/runtime/sandbox.py, docs/RUNTIME.md).
 Exit codes: 0 vLLM accepts everything checked and the planner finds it fits (or could not judge it); 1 vLLM refuses
 (one line per flag with vLLM's reason), vLLM cannot be imported, or the planner refuses; 2 invalid input (env files,
 --capability, --model-config).
@@ -38,7 +38,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from twinspark import envfile, launcher, layout, memfit, patching, runtime_store, settings, vllm_entry, vllmcheck
+from twinspark import envfile, launcher, layout, memfit, patching, settings, vllm_entry, vllmcheck
+from twinspark.runtime import store
 
 PACKAGE = "twinspark"
 
@@ -69,7 +70,11 @@ def _version(name: str, find: Callable[[str], metadata.Distribution]) -> str | N
 
 
 FLAVOUR_ENV = "TWINSPARK_RUNTIME_FLAVOUR"
-DEFAULT_ENV_FILE = layout.current().serve_env
+
+
+def default_env_file() -> str:
+    """This node's serve.env (the layout, read when first needed: importing this module reads no file)."""
+    return layout.current().serve_env
 
 
 def flavour_from_env(path: Path) -> str | None:
@@ -119,7 +124,7 @@ def runtime_id_of(site_packages: Path) -> str | None:
     """The versioned runtime a site-packages belongs to (<root>/<id>/venv/lib/pythonX.Y/site-packages, links
     resolved: /opt/twinspark/venv goes through `current`), None outside that layout."""
     parts = site_packages.resolve().parts
-    if len(parts) >= 5 and parts[-4] == "venv" and runtime_store.is_id(parts[-5]):
+    if len(parts) >= 5 and parts[-4] == "venv" and store.is_id(parts[-5]):
         return parts[-5]
     return None
 
@@ -151,7 +156,7 @@ def survey(site_packages: Path, patches_dir: Path, only: list[str] | None, flavo
         patch = patching.as_json(outcome, site_packages)
     except patching.PatchError as exc:
         patch = {"action": "status", "exit_code": exc.exit_code, "error": str(exc), "patches": []}
-    return {"site_packages": str(site_packages), "patch": patch, "knobs": runtime_store.knob_readers(site_packages),
+    return {"site_packages": str(site_packages), "patch": patch, "knobs": store.knob_readers(site_packages),
             "facts": facts(site_packages, patches_dir, lambda name: _find(name, site_packages), only, flavour)}
 
 
@@ -324,7 +329,7 @@ def _runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only", action="append", metavar="NAME", help="as for `twinspark patch`: report these patches only"
     )
-    parser.add_argument("--env-file", default=DEFAULT_ENV_FILE, metavar="FILE",
+    parser.add_argument("--env-file", default=default_env_file(), metavar="FILE",
                         help=f"read {FLAVOUR_ENV} from this env file (default: %(default)s)")
     parser.add_argument("--flavour", choices=("stock", "fork"),
                         help=f"report this flavour instead of reading {FLAVOUR_ENV} from --env-file")
@@ -361,4 +366,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=survey.__doc__)
     _runtime_options(surveyed)
     surveyed.set_defaults(func=_survey_command)
-    runtime_store.add_verbs(verbs)
+    store.add_verbs(verbs)

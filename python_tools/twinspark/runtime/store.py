@@ -44,13 +44,17 @@ from pathlib import Path
 from twinspark import layout
 from twinspark.atomic import fsync_dir, write_atomic
 
-DEFAULT_ROOT = layout.current().runtime_root
 CURRENT = "current"
 PREVIOUS = "previous"
 COMPLETE = "runtime.json"
 DEFAULT_KEEP = 2
 ID_HASH_CHARS = 12
 _ID = re.compile(r"[a-z0-9][a-z0-9.+-]*-[0-9a-f]{12}")
+
+
+def default_root() -> str:
+    """This node's runtimes root (the layout, read when first needed: importing this module reads no file)."""
+    return layout.current().runtime_root
 
 
 # -- content id -------------------------------------------------------------------------------------------------
@@ -421,7 +425,7 @@ def _prune_command(args: argparse.Namespace) -> int:
 
 
 def add_verbs(verbs: argparse._SubParsersAction) -> None:
-    """Add list/switch/prune to the `twinspark runtime` verbs (called by twinspark.installed_runtime.register)."""
+    """Add list/switch/prune to the `twinspark runtime` verbs (called by twinspark.runtime.installed.register)."""
     for name, func, text in (("list", _list_command, "the installed runtimes, current and previous marked"),
                              ("switch", _switch_command, "point `current` at a runtime (or back at `previous`)"),
                              ("knobs", _knobs_command,
@@ -434,7 +438,7 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
         if name == "knobs":
             parser.add_argument("--site-packages", required=True, help="site-packages of the runtime's venv")
             continue
-        parser.add_argument("--root", default=DEFAULT_ROOT, help="the runtimes directory (default: %(default)s)")
+        parser.add_argument("--root", default=default_root(), help="the runtimes directory (default: %(default)s)")
         if name == "list":
             parser.add_argument("--json", action="store_true", help="print the list as JSON")
         elif name == "switch":
