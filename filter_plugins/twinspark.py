@@ -15,7 +15,7 @@ if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
     sys.path.insert(0, str(_TOOLS))
 
 from ansible.errors import AnsibleFilterError
-from twinspark import budget, envfile, nodeenv, recipe, settings, tls, wheelhouse
+from twinspark import budget, envfile, group, nodeenv, recipe, settings, tls, wheelhouse
 from twinspark.fleet import rules as fleet
 
 # Parsed once, when the plugin loads: callback_plugins/twinspark_plugin_preload.py loads it in ansible-playbook's own
@@ -136,7 +136,24 @@ def _one_pair_problems(all_hostvars, groups):
         lines = [f"{host}: {line}" for host, lines in found.items() for line in lines]
     # The API's TLS files (twinspark_vllm_tls_*) are read on the controller: missing, oversized or mismatched
     # files stop the run here, before any host is touched.
-    return lines + retired + [f"{head}: {line}" for line in tls.controller_problems(all_hostvars[head])]
+    return (lines + retired + [f"{head}: {line}" for line in tls.controller_problems(all_hostvars[head])]
+            + _group_problems(head, worker, all_hostvars, groups, envs[head][0]))
+
+
+def _group_problems(head, worker, all_hostvars, groups, head_env):
+    """The pair read as the group of two (python_tools/twinspark/group.py): its ranks, topology, cables and layout
+    against the recipe its head's env names (the profile's default recipe when it names none)."""
+    plain = {host: all_hostvars[host] for host in (head, worker)}
+    pair = group.read(fleet.SINGLE_PAIR, [head, worker], plain, groups)
+    try:
+        chosen = recipe.for_values(head_env)
+    except recipe.RecipeError:
+        chosen = None  # an unknown recipe is already named by the env's own check
+    found = group.problems([pair], plain, {pair.name: chosen})
+    if not found and pair.ranks[0] != head:
+        found.append(f"{group.RANK_VAR} 0 is {pair.ranks[0]}, but {head} is the pair's head (twinspark_head): the "
+                     "head is rank 0; remove twinspark_rank from both nodes or swap the groups")
+    return found or group.pair_support_problems(pair)
 
 
 def twinspark_fleet_summary(all_hostvars, groups):

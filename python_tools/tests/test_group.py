@@ -144,3 +144,33 @@ def test_ranks_nodes_and_fabric_addresses_belong_to_one_place_each():
     found = group.problems([one, other], {**host_vars, "m": {"twinspark_fabric_address": "10.9.0.1"}})
     assert any("n1 is in groups g and h" in line for line in found), found
     assert any("twinspark_fabric_address 10.9.0.1 is given to both n0 and m" in line for line in found), found
+
+
+def _filters():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("twinspark_filters", ROOT / "filter_plugins" / "twinspark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("changes", "wanted"), [
+    ({}, None),
+    ({"node1": {"twinspark_topology": "direct", "twinspark_rank": 0}, "node2": {"twinspark_rank": 1}}, None),
+    ({"node1": {"twinspark_topology": "ring"}}, "ring takes 4-8 node(s), group twinspark_pair has 2"),
+    ({"node1": {"twinspark_topology": "switch"}}, "the fabric role builds the direct cable only so far"),
+    ({"node1": {"twinspark_tensor_parallel": 1, "twinspark_pipeline_parallel": 2}}, "the pair serves TP2xPP1 so far"),
+    ({"node1": {"twinspark_tensor_parallel": 1}}, "is 1 x 1 = 1, but the group has 2 node(s)"),
+    ({"node1": {"twinspark_rank": 1}, "node2": {"twinspark_rank": 0}}, "but node1 is the pair's head"),
+])
+def test_validation_reads_the_pair_as_the_group_of_two_before_any_host(changes, wanted):
+    """playbooks/validate.yml's filter on the simulated inventory: unchanged it passes; a pair declared as a group it
+    cannot be (a topology or layout the roles do not build for two nodes, ranks against the head) is refused."""
+    host_vars, groups = inventory.read_hosts(ROOT / "inventory" / "sim")
+    host_vars = {host: {**values, **changes.get(host, {})} for host, values in host_vars.items()}
+    found = _filters().twinspark_pair_problems(host_vars, groups)
+    if wanted is None:
+        assert found == []
+    else:
+        assert any(wanted in line for line in found), found

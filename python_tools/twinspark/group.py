@@ -40,6 +40,8 @@ LINKS_VAR = "twinspark_links"
 TP_VAR = "twinspark_tensor_parallel"
 PP_VAR = "twinspark_pipeline_parallel"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
+# The inventory variables a group reads (not knobs: nothing of them reaches an env file).
+GROUP_VARS = frozenset({RANK_VAR, TOPOLOGY_VAR, LINKS_VAR, TP_VAR, PP_VAR})
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
 TOPOLOGIES = ("single", "direct", "switch", "mesh", "ring")
@@ -274,6 +276,19 @@ def problems(found: Sequence[Group], host_vars: Mapping[str, Mapping[str, Any]],
         lines += _topology_problems(group)
         lines += layout_problems(group, (chosen or {}).get(group.name))
     return lines
+
+
+def pair_support_problems(pair: Group) -> list[str]:
+    """What the roles cannot serve yet on two nodes (docs/GROUPS.md, "Not built yet"): the pair is cabled directly
+    and laid out TP2xPP1; a pair declared otherwise is refused rather than served as if it were not."""
+    found = []
+    if pair.topology != "direct":
+        found.append(f"{TOPOLOGY_VAR} {pair.topology} for a pair: the fabric role builds the direct cable only so far "
+                     "(docs/GROUPS.md); remove the variable or set it to direct")
+    if (pair.tp, pair.pp) != (2, 1):
+        found.append(f"{TP_VAR} x {PP_VAR} {pair.tp} x {pair.pp} for a pair: the pair serves TP2xPP1 so far "
+                     "(docs/GROUPS.md); remove both variables")
+    return found
 
 
 def nccl_env(group: Group, management_interface: str = "") -> dict[str, str]:

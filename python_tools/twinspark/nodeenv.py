@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinspark import recipe, settings, validate
+from twinspark.group import GROUP_VARS
 from twinspark.settings import Knob, Registry
 
 RANKS = (0, 1)
@@ -148,7 +149,7 @@ def installed_problem(knob: Knob, text: str) -> str | None:
 
 def _unknown_name(name: str, registry: Registry) -> str | None:
     """A problem for an inventory name that looks like a misspelt knob; None for anything else."""
-    if name == FABRIC_ADDRESS_VAR or not name.startswith("twinspark_"):
+    if name == FABRIC_ADDRESS_VAR or name in GROUP_VARS or not name.startswith("twinspark_"):
         return None
     known = [k.var for k in registry.knobs]
     close = difflib.get_close_matches(name, known, n=1, cutoff=validate.TYPO_CUTOFF)
