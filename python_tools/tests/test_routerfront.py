@@ -282,3 +282,100 @@ def test_a_router_that_is_restarting_costs_a_wait_not_a_failure(retry_s, status)
         for upstream in upstream_box:
             upstream.server.shutdown()
             upstream.server.server_close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The front under load (issue 43, row 6): a header deadline and connection caps, in all and per address
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tight_front():
+    """The front with small bounds: the head of a request within 3 s, 6 connections at once, 3 from one address."""
+    upstream = Upstream()
+    server = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [CLIENT], [ADMIN],
+                                        client_timeout_s=10, upstream_timeout_s=10, header_timeout_s=3.0,
+                                        max_connections=6, max_per_source=3)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (upstream.server, server)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        for s in (server, upstream.server):
+            s.shutdown()
+            s.server_close()
+
+
+def _idle(port: int, source: str) -> socket.socket:
+    """A connection from `source` (another loopback address) that sends nothing."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.settimeout(10)
+    return sock
+
+
+def _closed_by_the_front(sock: socket.socket) -> bool:
+    """True when the front closes the connection (EOF or reset) within the socket's timeout; False if it stays."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed_at_the_deadline_even_if_it_trickles(tight_front):
+    silent = _idle(tight_front, "127.0.0.2")
+    trickle = _idle(tight_front, "127.0.0.2")
+    trickle.sendall(b"GET /v1/models HTTP/1.1\r\n")
+    stop = threading.Event()
+
+    def drip() -> None:  # one header byte every 0.2 s: no single read waits long, the whole head never arrives
+        while not stop.is_set():
+            try:
+                trickle.sendall(b"X")
+            except OSError:
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=drip, daemon=True).start()
+    try:
+        assert _closed_by_the_front(silent)
+        assert _closed_by_the_front(trickle)
+    finally:
+        stop.set()
+        silent.close()
+        trickle.close()
+    assert _ask(tight_front, "GET", "/v1/models", CLIENT)[0] == 200  # the slots came back
+
+
+def test_idle_connections_from_one_address_cannot_take_the_front_from_a_keyed_client_elsewhere(tight_front):
+    held = [_idle(tight_front, "127.0.0.2") for _ in range(3)]
+    extra = _idle(tight_front, "127.0.0.2")
+    extra.settimeout(0.5)
+    try:
+        assert _closed_by_the_front(extra)  # the fourth from one address: closed at once
+        held[0].settimeout(0.2)
+        assert not _closed_by_the_front(held[0])  # the first three are still open (until their deadline)
+        assert _ask(tight_front, "GET", "/v1/models", CLIENT)[0] == 200  # another address is served
+        # Three more addresses fill the front's six slots: the next connection, from anywhere, is closed at once.
+        held += [_idle(tight_front, f"127.0.0.{n}") for n in (3, 4, 5)]
+        late = _idle(tight_front, "127.0.0.6")
+        late.settimeout(0.5)
+        assert _closed_by_the_front(late)
+        late.close()
+    finally:
+        extra.close()
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the closed sockets' slots come back as their threads end
+        try:
+            if _ask(tight_front, "GET", "/v1/models", CLIENT)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        pytest.fail("the front did not serve again after the idle connections went")

@@ -37,6 +37,7 @@ refused meanwhile (docs/ROTATION.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
 import http.client
 import json
@@ -54,6 +55,10 @@ from typing import NamedTuple
 MAX_KEY_BYTES = 4096
 # A request body the front forwards at most (a long prompt, images as base64); larger is answered 413.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# The front under load (front_server): the head of a request in all, connections at once, and from one address.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_MAX_PER_SOURCE = 64
 # Every path of vllm-router 0.1.17 that changes its worker set or state, or tells which workers it has and how
 # loaded they are (its src/server.rs admin and worker routes): the admin key only. `ADMIN_PREFIXES`: their
 # sub-paths (/workers/{url}).
@@ -232,7 +237,9 @@ def _split_listen(listen: str) -> tuple[str, int]:
 
 def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, client_timeout_s: float = 120.0,
-                 upstream_timeout_s: float = 900.0, upstream_retry_s: float = 0.0) -> ThreadingHTTPServer:
+                 upstream_timeout_s: float = 900.0, upstream_retry_s: float = 0.0,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_per_source: int = DEFAULT_MAX_PER_SOURCE) -> ThreadingHTTPServer:
     """The front, not started: refuses or forwards each request (`decide`) to the router at `upstream`
     (host:port), one connection per request, and streams the answer back as it comes (SSE included).
 
@@ -240,7 +247,13 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
     and each wait for its next bytes (a long generation that sends nothing until it ends, without streaming).
     `upstream_retry_s`: for this long a refused connect to the router is tried again (every 0.2 s) before the client
     gets 502, so a restart of the router (SIGTERM lets its requests in flight finish; the new one answers seconds
-    later) costs clients a wait, not a failure. Nothing has reached the router when its connect is refused."""
+    later) costs clients a wait, not a failure. Nothing has reached the router when its connect is refused.
+
+    It holds under load (issue 43, row 6): a connection must deliver its request line and headers within
+    `header_timeout_s` in all (a deadline, not a per-read timeout, so a byte every few seconds does not keep it), or it
+    is closed before any key is looked at; at most `max_connections` connections are served at once and at most
+    `max_per_source` from one address, and a connection beyond either is closed as soon as it is accepted, without
+    a thread. Idle or slow sockets from one place therefore cannot take the front from keyed clients elsewhere."""
     up_host, up_port = _split_listen(upstream)
 
     class Handler(BaseHTTPRequestHandler):
@@ -249,6 +262,23 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
 
         def log_message(self, *_args) -> None:  # never log a header that may hold a key
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            # The header deadline: unless parse_request has the whole head by then, the socket is shut down (the
+            # blocked read returns and the thread ends). Cancelled once the headers are in.
+            self._deadline = threading.Timer(header_timeout_s, _shut, (self.connection,))
+            self._deadline.daemon = True
+            self._deadline.start()
+
+        def parse_request(self) -> bool:
+            done = super().parse_request()
+            self._deadline.cancel()
+            return done
+
+        def finish(self) -> None:
+            self._deadline.cancel()
+            super().finish()
 
         def _refuse(self, verdict: Verdict) -> None:
             body = error_body(verdict)
@@ -343,8 +373,59 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
     class Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in _split_listen(listen)[0] else socket.AF_INET
         daemon_threads = True
+        request_queue_size = 128
+        slots = ConnectionSlots(max_connections, max_per_source)
+
+        def process_request(self, request, client_address) -> None:
+            if not self.slots.take(client_address[0]):
+                self.shutdown_request(request)  # over a cap: closed at once, no thread, nothing read
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request, client_address) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.give(client_address[0])
+
+        def handle_error(self, request, client_address) -> None:
+            if isinstance(sys.exc_info()[1], OSError):
+                return  # a client that went away, or one closed at its header deadline: nothing to report
+            super().handle_error(request, client_address)
 
     return Server(_split_listen(listen), Handler)
+
+
+def _shut(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_RDWR)
+
+
+class ConnectionSlots:
+    """How many connections the front serves at once, in all and per source address."""
+
+    def __init__(self, total: int, per_source: int) -> None:
+        self.total, self.per_source = total, per_source
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        self._count = 0
+
+    def take(self, source: str) -> bool:
+        with self._lock:
+            if self._count >= self.total or self._held.get(source, 0) >= self.per_source:
+                return False
+            self._count += 1
+            self._held[source] = self._held.get(source, 0) + 1
+            return True
+
+    def give(self, source: str) -> None:
+        with self._lock:
+            self._count -= 1
+            left = self._held.get(source, 1) - 1
+            if left:
+                self._held[source] = left
+            else:
+                self._held.pop(source, None)
 
 
 def router_kwargs(router_argv: list[str], key_check_urls: list[str], worker_key: str | None = None) -> dict:
@@ -393,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     front.add_argument("--upstream-timeout-s", type=float, default=900.0)
     front.add_argument("--upstream-retry-s", type=float, default=30.0,
                        help="how long a refused connect to the router (restarting) is tried again before a 502")
+    front.add_argument("--header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                       help="a connection's request line and headers must arrive within this, in all")
+    front.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                       help="connections served at once; more are closed at once")
+    front.add_argument("--max-per-source", type=int, default=DEFAULT_MAX_PER_SOURCE,
+                       help="connections served at once from one address; more are closed at once")
     serve = sub.add_parser("serve", help="run vllm-router with client keys required; router flags after --")
     serve.add_argument("--key-check-url", action="append", default=[])
     serve.add_argument("--worker-key-file", type=Path,
@@ -411,7 +498,9 @@ def main(argv: list[str] | None = None) -> int:
                 server = front_server(opts.listen, opts.upstream, KeyFiles([opts.client_key_file]),
                                       KeyFiles([opts.admin_key_file]), opts.max_body_bytes,
                                       upstream_timeout_s=opts.upstream_timeout_s,
-                                      upstream_retry_s=opts.upstream_retry_s)
+                                      upstream_retry_s=opts.upstream_retry_s,
+                                      header_timeout_s=opts.header_timeout_s,
+                                      max_connections=opts.max_connections, max_per_source=opts.max_per_source)
             thread = threading.Thread(target=server.serve_forever, daemon=True)
             thread.start()
             thread.join()
