@@ -146,19 +146,25 @@ def ds4_ratios(config: Mapping) -> list[int]:
     return [int(rates.get(t, 0)) for t in types][:layers]
 
 
+def ds4_states(config: Mapping, dtype: str, values: Mapping[str, str]) -> tuple[int, int, int, int]:
+    """DeepSeek-V4's head_dim, the bytes of one compressed state in `dtype`, the indexer's head_dim and the bytes of
+    one indexer state (fp8 values and one fp32 scale per 128, vLLM 0.33.0)."""
+    head_dim = int(config.get("head_dim") or 512)
+    rope = int(config.get("qk_rope_head_dim") or head_dim * float(config.get("partial_rotary_factor") or 0.125))
+    nope = head_dim - rope
+    state = DS_STATE_BYTES[dtype](nope, rope) if dtype in DS_STATE_BYTES else \
+        head_dim * _element_bytes(dtype, config, values)
+    index_dim = int(config.get("index_head_dim") or 128)
+    return head_dim, state, index_dim, index_dim + index_dim // 128 * 4
+
+
 def attention(config: Mapping, dtype: str, values: Mapping[str, str], tp: int = TENSOR_PARALLEL) -> Attention:
     """The KV cache's bytes per token and per sequence on one rank for this model and kv-cache dtype."""
     layers = int(config.get("num_hidden_layers") or 0)
     if layers <= 0:
         raise PlanInputError("config.json has no num_hidden_layers: not a model the planner can size")
     if config.get("model_type") == "deepseek_v4" or config.get("compress_ratios") is not None:
-        head_dim = int(config.get("head_dim") or 512)
-        rope = int(config.get("qk_rope_head_dim") or head_dim * float(config.get("partial_rotary_factor") or 0.125))
-        nope = head_dim - rope
-        state = DS_STATE_BYTES[dtype](nope, rope) if dtype in DS_STATE_BYTES else \
-            head_dim * _element_bytes(dtype, config, values)
-        index_dim = int(config.get("index_head_dim") or 128)
-        index_state = index_dim + index_dim // 128 * 4  # fp8 values and one fp32 scale per 128 (vLLM 0.33.0)
+        _head_dim, state, _index_dim, index_state = ds4_states(config, dtype, values)
         ratios = ds4_ratios(config)
         compressed = [r for r in ratios if r > 1]
         per_token = sum(state / r for r in compressed) + sum(index_state / r for r in compressed if r == 4)
@@ -296,13 +302,7 @@ def _ds4_layout(config: Mapping, dtype: str, values: Mapping[str, str], max_len:
     (256-token blocks), and the compressors' states; a block holds the largest group's pages. The KV is not split
     by TP. fp8_ds_mla is what 0.33.0 takes for deepseek_v4; nvfp4_ds_mla (the DSpark fork's) is sized with the
     same rules and its smaller state, an estimate of a build this planner has not read."""
-    head_dim = int(config.get("head_dim") or 512)
-    rope = int(config.get("qk_rope_head_dim") or head_dim * float(config.get("partial_rotary_factor") or 0.125))
-    nope = head_dim - rope
-    state = DS_STATE_BYTES[dtype](nope, rope) if dtype in DS_STATE_BYTES else \
-        head_dim * _element_bytes(dtype, config, values)
-    index_dim = int(config.get("index_head_dim") or 128)
-    index_state = index_dim + index_dim // 128 * 4
+    head_dim, state, index_dim, index_state = ds4_states(config, dtype, values)
     ratios = ds4_ratios(config)
     drafter = int(config.get("num_nextn_predict_layers") or 0)
     window = int(config.get("sliding_window") or 128)
