@@ -11,6 +11,7 @@ import subprocess
 
 import jinja2
 import pytest
+import yaml
 from nft_namespace import connections, needs_nft_namespace
 
 from twinspark import generate, layout
@@ -124,6 +125,9 @@ def render(name, **values):
                 "router_startup_wait_s": 3600, "router_monitoring_ports": [], "router_upstream_port": 30001,
                 "router_front_user": "twinspark-router-front",
                 "router_admin_key_file": "/etc/twinspark-router/admin.key"}
+    role_defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    for key in ("router_front_max_connections", "router_front_max_per_source"):
+        defaults[key] = role_defaults[key]
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
 
