@@ -284,6 +284,47 @@ def test_a_router_that_is_restarting_costs_a_wait_not_a_failure(retry_s, status)
             upstream.server.server_close()
 
 
+@pytest.mark.parametrize(("retry_s", "status"), [(10.0, 200), (0.0, 502)])
+def test_a_request_queued_on_a_stopping_router_is_sent_again(retry_s, status):
+    """The race a restart drill found (1 request in 150 under load): the front's connect lands in the stopping
+    router's listen queue, never accepted; the router closes its listening socket and the kernel resets the queued
+    connection. Nothing read it, so the front sends it again (within upstream_retry_s) to the new router."""
+    stopping = socket.socket()
+    stopping.bind(("127.0.0.1", 0))
+    stopping.listen(8)  # listens, never accepts: the handshake completes in the kernel, the request waits unread
+    port = stopping.getsockname()[1]
+    front = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{port}", [CLIENT], [ADMIN], upstream_timeout_s=10,
+                                       upstream_retry_s=retry_s)
+    _serve(front)
+    upstream_box: list[Upstream] = []
+
+    def stop_then_start_again() -> None:
+        time.sleep(1.0)
+        stopping.close()  # the queued connection is reset
+        time.sleep(0.5)
+        upstream = Upstream()
+        upstream.server.server_close()
+        upstream.server = ThreadingHTTPServer(("127.0.0.1", port), upstream.server.RequestHandlerClass)
+        upstream.server.daemon_threads = True
+        upstream_box.append(upstream)
+        _serve(upstream.server)
+
+    restart = threading.Thread(target=stop_then_start_again, daemon=True)
+    restart.start()
+    try:
+        got, _ = _ask(front.server_address[1], "POST", "/v1/completions", CLIENT, body=b'{"prompt": "hi"}')
+        assert got == status
+        restart.join(timeout=10)
+        if status == 200:
+            assert [seen["body"] for seen in upstream_box[0].seen] == [b'{"prompt": "hi"}']
+    finally:
+        front.shutdown()
+        front.server_close()
+        for upstream in upstream_box:
+            upstream.server.shutdown()
+            upstream.server.server_close()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The front under load (issue 43, row 6): a header deadline and connection caps, in all and per address
 # ---------------------------------------------------------------------------------------------------------------

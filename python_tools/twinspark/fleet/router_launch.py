@@ -245,9 +245,11 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
 
     `client_timeout_s` bounds each read from and write to a client; `upstream_timeout_s` the connect to the router
     and each wait for its next bytes (a long generation that sends nothing until it ends, without streaming).
-    `upstream_retry_s`: for this long a refused connect to the router is tried again (every 0.2 s) before the client
-    gets 502, so a restart of the router (SIGTERM lets its requests in flight finish; the new one answers seconds
-    later) costs clients a wait, not a failure. Nothing has reached the router when its connect is refused.
+    `upstream_retry_s`: for this long a refused connect to the router, or a connection it resets before a byte of
+    answer, is tried again (every 0.2 s) before the client gets 502, so a restart of the router (SIGTERM lets its
+    requests in flight finish; the new one answers seconds later) costs clients a wait, not a failure. Nothing has
+    reached a router that refused the connect; a reset without an answer is the stopping router closing its listening
+    socket on connections still queued in the kernel, which it never read (those it read, it finishes).
 
     It holds under load (issue 43, row 6): a connection must deliver its request line and headers within
     `header_timeout_s` in all (a deadline, not a per-read timeout, so a byte every few seconds does not keep it), or it
@@ -318,19 +320,6 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
                 upstream_conn = http.client.HTTPConnection(up_host, up_port, timeout=upstream_timeout_s)
                 try:
                     upstream_conn.connect()
-                    break
-                except ConnectionRefusedError:
-                    upstream_conn.close()
-                    if time.monotonic() >= deadline:
-                        self._refuse(Verdict(502, "the router behind the front did not answer"))
-                        return
-                    time.sleep(0.2)
-                except OSError:
-                    upstream_conn.close()
-                    self._refuse(Verdict(502, "the router behind the front did not answer"))
-                    return
-            try:
-                try:
                     upstream_conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                     upstream_conn.putheader("Host", f"{up_host}:{up_port}")
                     for name, value in forwarded_headers(list(self.headers.items())):
@@ -340,9 +329,21 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
                     upstream_conn.putheader("Connection", "close")
                     upstream_conn.endheaders(body or None)
                     answer = upstream_conn.getresponse()
+                    break
+                except (ConnectionRefusedError, ConnectionResetError, BrokenPipeError):
+                    # Refused: nothing listens (the router is restarting). Reset or closed before a byte of answer
+                    # (RemoteDisconnected is a ConnectionResetError): the stopping router closed its listening socket
+                    # with this connection still queued and never read, since a graceful stop finishes what it read.
+                    upstream_conn.close()
+                    if time.monotonic() >= deadline:
+                        self._refuse(Verdict(502, "the router behind the front did not answer"))
+                        return
+                    time.sleep(0.2)
                 except (OSError, http.client.HTTPException):
+                    upstream_conn.close()
                     self._refuse(Verdict(502, "the router behind the front did not answer"))
                     return
+            try:
                 self.send_response(answer.status, answer.reason)
                 for name, value in forwarded_headers(answer.getheaders()):
                     self.send_header(name, value)
