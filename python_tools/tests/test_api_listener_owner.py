@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import http.server
 import os
+import pwd
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from twinspark import api
 from twinspark.pair import guard
@@ -148,3 +153,85 @@ def test_the_guard_holds_rather_than_restarts_while_another_account_holds_the_ap
         assert blocker is not None and "not the serving account" in blocker
         monkeypatch.setattr(api, "serving_uid", lambda: ME)
         assert guard.restart_blocker(pair) is None or "not the serving account" not in guard.restart_blocker(pair)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Decided on the very connection (issue 43, rows 1 and 4): no window between a check and the request
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_server_end_of_a_connection_is_found_even_before_it_is_accepted():
+    """A connection the listener never accepted (queued in the kernel, as during a restart) is in /proc/net/tcp with
+    the listener's account, and so is an accepted one."""
+    with _listening() as server, socket.create_connection(server.getsockname(), timeout=5) as queued:
+        assert api.connection_holder(queued) == ME
+        assert api.listener_problem(queued, ME) is None
+        why = api.listener_problem(queued, STRANGER)
+        assert why is not None and f"port {server.getsockname()[1]}" in why and f"uid {ME}" in why
+        assert "nothing was sent" in why
+
+
+def test_a_connection_whose_server_end_cannot_be_seen_carries_nothing(tmp_path):
+    """Handshaped: a /proc whose tables lack the connection (an empty network namespace view) counts as unseen."""
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "tcp").write_text("  sl  local_address rem_address   st\n")
+    with _listening() as server, socket.create_connection(server.getsockname(), timeout=5) as conn:
+        assert api.connection_holder(conn, str(tmp_path), wait_s=0.05) is None
+        why = api.listener_problem(conn, ME, str(tmp_path))
+        assert why is not None and "cannot see who holds" in why
+        assert api.listener_problem(conn, None, str(tmp_path)) is None  # no serving account here: not judged
+
+
+def test_a_keyed_request_goes_only_over_a_connection_the_owner_holds():
+    """The session checks each connection it opens for a keyed request after connect() and before any byte, so a
+    listener that took the port after key_withheld looked (row 4's window) never reads a header. Keyless requests
+    (/health) are not held to it."""
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        stranger = api.session(owner_uid=STRANGER)
+        result, response = api.request(stranger, "GET", f"{url}/v1/models", 5.0, headers=api.auth_headers("sk-x"))
+        assert response is None and result["withheld"] and "nothing was sent" in result["error"]
+        assert _Recorder.seen == []  # not even a request line reached the listener
+        assert api.request(stranger, "GET", f"{url}/health", 5.0)[0]["status_code"] == 200
+        ours = api.session(owner_uid=ME)
+        assert api.request(ours, "GET", f"{url}/v1/models", 5.0, headers=api.auth_headers("sk-x"))[0].get(
+            "status_code") == 200
+        assert "Bearer sk-x" in _Recorder.seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+SQUATTER = """
+import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(8)
+print(s.getsockname()[1], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_squatter_of_another_account_is_named_and_gets_no_key(tmp_path):
+    """Live, as the attack runs on the nodes: the listener belongs to `nobody` (needs root to start it so)."""
+    if os.geteuid() != 0:
+        pytest.skip("starting a listener as nobody needs root")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    python = shutil.which("python3", path="/usr/bin") or sys.executable  # one `nobody` can run
+    squatter = subprocess.Popen(["setpriv", f"--reuid={nobody}", f"--regid={pwd.getpwnam('nobody').pw_gid}",
+                                 "--clear-groups", python, "-I", "-c", SQUATTER],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        port = int(squatter.stdout.readline())
+        result, response = api.request(api.session(owner_uid=ME), "GET", f"http://127.0.0.1:{port}/v1/models", 5.0,
+                                       headers=api.auth_headers("sk-x"))
+        assert response is None and result["withheld"]
+        assert f"nobody (uid {nobody})" in result["error"]
+    finally:
+        squatter.kill()
+        squatter.wait(timeout=10)

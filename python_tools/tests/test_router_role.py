@@ -15,7 +15,7 @@ import yaml
 from nft_namespace import connections, needs_nft_namespace
 
 from twinspark import generate, layout
-from twinspark.fleet import router_config, router_launch
+from twinspark.fleet import router_client, router_config, router_launch
 from twinspark.fleet import rules as fleet
 
 ROOT = generate.repo_root()
@@ -162,6 +162,25 @@ def test_the_key_check_unit_is_loopback_only_and_never_holds_the_key():
     assert [argv[i + 1] for i, word in enumerate(argv) if word == "--key-file"] == [
         "/etc/twinspark-router/router.key", "/etc/twinspark-router/admin.key"]
     assert "IPAddressAllow=localhost" in unit and "IPAddressDeny=any" in unit
+    # its port is systemd's, never bound by the key check (issue 43, row 1)
+    assert "Requires=twinspark-router-keycheck.socket" in unit and "After=twinspark-router-keycheck.socket" in unit
+    socket_unit = render("twinspark-router-keycheck.socket")
+    assert "ListenStream=127.0.0.1:30099\n" in socket_unit
+    assert "IPAddressAllow=localhost" in socket_unit and "IPAddressDeny=any" in socket_unit
+
+
+def test_the_role_never_restarts_the_key_checks_socket_with_the_router():
+    """Restarting the socket would free the port for a moment; it is restarted only when its own unit changed."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    handlers = yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())
+    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    assert role_vars["router_sockets"] == ["twinspark-router-keycheck.socket"]
+    assert not set(role_vars["router_sockets"]) & set(role_vars["router_units"])
+    assert all(handler.get("loop") != "{{ router_sockets }}" for handler in handlers)
+    names = [task["name"] for task in tasks]
+    assert (names.index("Install the key check's socket unit (systemd holds its port)")
+            < names.index("Hand the key check's port to its socket unit")
+            < names.index("Listen on the key check's port (systemd)") < names.index("Run the router"))
 
 
 def test_the_front_listens_where_clients_connect_and_forwards_to_the_router_on_loopback():
@@ -187,14 +206,34 @@ def test_the_front_parses_its_own_unit_line(monkeypatch):
     argv = exec_start(render("twinspark-router-front.service"))
     seen = {}
 
-    def server_not_started(listen, upstream, *_args, **_kwargs):
-        seen.update(listen=listen, upstream=upstream)
+    def server_not_started(listen, upstream, *_args, **kwargs):
+        seen.update(listen=listen, upstream=upstream, owner=kwargs.get("upstream_owner_uid"))
         raise ValueError("not started in a test")
+
+    class Account:
+        pw_uid = 4711
 
     monkeypatch.setattr(router_launch, "front_server", server_not_started)
     monkeypatch.setattr(router_launch, "read_keys", lambda path: [str(path)])
+    monkeypatch.setattr(router_launch.pwd, "getpwnam", lambda name: Account if name == "twinspark-router" else None)
     assert router_launch.main(argv[3:]) == 2
-    assert seen == {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001"}
+    # the router's port is trusted only when the router's account holds it (issue 43, row 1)
+    assert seen == {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001", "owner": 4711}
+
+
+def test_the_front_refuses_an_upstream_owner_that_does_not_exist(tmp_path, capsys):
+    (tmp_path / "client").write_text("client-key\n")
+    (tmp_path / "admin").write_text("admin-key\n")
+    assert router_launch.main(["front", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9",
+                               "--client-key-file", str(tmp_path / "client"),
+                               "--admin-key-file", str(tmp_path / "admin"),
+                               "--upstream-owner", "no-such-account-here"]) == 2
+    assert "--upstream-owner no-such-account-here: no such account" in capsys.readouterr().err
+
+
+def test_the_router_clients_local_owner_is_the_fronts_account():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert defaults["router_front_user"] == router_client.FRONT_ACCOUNT
 
 
 def test_the_role_refuses_an_empty_admin_key_or_the_client_key_as_admin_key():

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -284,6 +289,31 @@ def test_a_router_that_is_restarting_costs_a_wait_not_a_failure(retry_s, status)
             upstream.server.server_close()
 
 
+@pytest.mark.parametrize(("owner", "status"), [(os.getuid(), 200), (os.getuid() + 4242, 502)])
+def test_the_front_sends_nothing_to_a_router_port_another_account_holds(owner, status, capsys):
+    """Issue 43, row 1: while vllm-router restarts, another local account can take its port. The front checks the
+    server end of each connection to the router (connection_holder) before a byte: held by anyone but the router's
+    account, the client gets a 502 and the listener never sees the request, its key or its prompt."""
+    upstream = Upstream()
+    front = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [CLIENT], [ADMIN],
+                                       upstream_timeout_s=10, upstream_owner_uid=owner)
+    threads = [_serve(upstream.server), _serve(front)]
+    try:
+        got, text = _ask(front.server_address[1], "POST", "/v1/completions", CLIENT, body=b'{"prompt": "hi"}')
+        assert got == status
+        if status == 502:
+            assert upstream.seen == [] and b"held by another account" in text
+            assert f"uid {os.getuid()}, not the router's account" in capsys.readouterr().err
+        else:
+            assert [seen["body"] for seen in upstream.seen] == [b'{"prompt": "hi"}']
+    finally:
+        for server in (front, upstream.server):
+            server.shutdown()
+            server.server_close()
+        for thread in threads:
+            thread.join(timeout=10)
+
+
 @pytest.mark.parametrize(("retry_s", "status"), [(10.0, 200), (0.0, 502)])
 def test_a_request_queued_on_a_stopping_router_is_sent_again(retry_s, status):
     """The race a restart drill found (1 request in 150 under load): the front's connect lands in the stopping
@@ -420,3 +450,49 @@ def test_idle_connections_from_one_address_cannot_take_the_front_from_a_keyed_cl
             time.sleep(0.1)
     else:
         pytest.fail("the front did not serve again after the idle connections went")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The key check behind a socket systemd holds (issue 43, row 1)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_a_socket_is_taken_from_systemd_only_when_it_was_passed_to_this_process():
+    assert router_launch.inherited_socket({}, 100) is None
+    assert router_launch.inherited_socket({"LISTEN_PID": "99", "LISTEN_FDS": "1"}, 100) is None  # another process's
+    assert router_launch.inherited_socket({"LISTEN_PID": "100", "LISTEN_FDS": "2"}, 100) is None  # not one socket
+
+
+def test_the_key_check_serves_the_socket_systemd_holds_and_nobody_else_can_listen_there(tmp_path):
+    """Real socket activation (systemd-socket-activate, as twinspark-router-keycheck.socket does it): the key check
+    answers on the socket it was handed, and while it runs (or restarts) the port cannot be bound by anyone."""
+    activate = shutil.which("systemd-socket-activate")
+    if activate is None:
+        pytest.skip("systemd-socket-activate is not installed (package systemd)")
+    with socket.socket() as placeholder:
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    keys = tmp_path / "keys"
+    keys.write_text(f"{CLIENT}\n")
+    launcher = Path(router_launch.__file__)
+    check = subprocess.Popen([activate, "-l", f"127.0.0.1:{port}", sys.executable, "-I", str(launcher), "keycheck",
+                              "--listen", f"127.0.0.1:{port}", "--key-file", str(keys)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the activator listens first, then starts the key check on the first connection
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the activator did not listen within 20 s"
+                time.sleep(0.1)
+        assert _ask(port, "GET", "/", CLIENT)[0] == 200
+        assert _ask(port, "GET", "/", "not-a-key")[0] == 401
+        with socket.socket() as squatter, pytest.raises(OSError):
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen()
+    finally:
+        check.terminate()
+        check.wait(timeout=10)

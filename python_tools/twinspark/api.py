@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from twinspark import layout, settings
+from twinspark.fleet import router_launch
 
 # Env names (serve.env) and inventory variables of the TLS settings (python_tools/twinspark/settings.yml).
 TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "TWINSPARK_VLLM_TLS_CERT", "TWINSPARK_VLLM_TLS_KEY", "TWINSPARK_VLLM_TLS_CA"
@@ -222,12 +223,26 @@ def certificate_expiry(url: str, ca: str, timeout: float) -> dict[str, object]:
     return {"not_after": float(ssl.cert_time_to_seconds(not_after))}
 
 
-def session(ca: str | None = None, pool: int | None = None):
+SERVING = object()  # session(owner_uid=SERVING): this machine's serving account, looked up when the session is made
+
+
+def session(ca: str | None = None, pool: int | None = None, owner_uid: object = SERVING, proc: str = "/proc"):
     """A requests session that verifies an https server against `ca` and nothing else (None: requests' default CA
     list, which only matters for an https URL given by hand). `pool` sizes the connection pool (the bench's
-    concurrency)."""
+    concurrency).
+
+    A request that carries a key (an Authorization header) goes out only on a connection whose server end, when it
+    is on this machine, belongs to `owner_uid` (default: the serving account; None: no check): each new connection
+    is checked after connect() and before TLS or a header (listener_problem), so a listener that appears between a
+    check and the request never gets the key. Keyless requests (/health, /metrics) use their own connections."""
     # Measured: requests adds ~170 ms at import (-X importtime); `pair kick` and `serve` send no HTTP.
+    import threading
+
     import requests
+    from urllib3 import connection, connectionpool
+
+    uid = serving_uid() if owner_uid is SERVING else owner_uid
+    sending = threading.local()  # whether the request this thread is sending carries a key
 
     class PinnedSession(requests.Session):
         """requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE replace a session's `verify` on every request
@@ -239,13 +254,33 @@ def session(ca: str | None = None, pool: int | None = None):
                 merged["verify"] = self.verify
             return merged
 
+        def send(self, request, **kwargs):
+            sending.keyed = "Authorization" in request.headers
+            try:
+                return super().send(request, **kwargs)
+            finally:
+                sending.keyed = False
+
+        def get_adapter(self, url):
+            if uid is not None and getattr(sending, "keyed", False):
+                return keyed
+            return super().get_adapter(url)
+
+    sized = {"pool_maxsize": pool} if pool else {}
     out = PinnedSession()
     if ca:
         out.verify = ca
     if pool:
-        adapter = requests.adapters.HTTPAdapter(pool_maxsize=pool)
+        adapter = requests.adapters.HTTPAdapter(**sized)
         out.mount("http://", adapter)
         out.mount("https://", adapter)
+    keyed = requests.adapters.HTTPAdapter(**sized)
+    if uid is not None:
+        plain = type("CheckedPool", (connectionpool.HTTPConnectionPool,),
+                     {"ConnectionCls": _checked_connection(connection.HTTPConnection, uid, proc)})
+        secure = type("CheckedSecurePool", (connectionpool.HTTPSConnectionPool,),
+                      {"ConnectionCls": _checked_connection(connection.HTTPSConnection, uid, proc)})
+        keyed.poolmanager.pool_classes_by_scheme = {"http": plain, "https": secure}
     return out
 
 
@@ -256,6 +291,9 @@ def request(http, method: str, url: str, timeout: float, **kwargs) -> tuple[dict
         response = http.request(method, url, timeout=timeout, **kwargs)
     except Exception as error:  # noqa: BLE001 - requests' whole family of connection errors is the finding
         kind = type(error).__name__
+        refused = refused_by_owner(error)
+        if refused:
+            return {"error": refused, "withheld": True, "elapsed": time.monotonic() - started}, None
         if "Timeout" in kind:
             text = "no answer within the timeout"
         else:
@@ -284,15 +322,10 @@ def read_metrics(url: str, timeout: float, http=None, ca: str | None = None) -> 
 # Whose listener gets the key
 # ---------------------------------------------------------------------------------------------------------------
 
-TCP_LISTEN = "0A"
-
-
-def _proc_address(text: str) -> tuple[str, int]:
-    """/proc/net/tcp{,6}'s `HEXADDR:HEXPORT` (each 32-bit word of the address in host byte order)."""
-    address, port = text.split(":")
-    raw = bytes.fromhex(address)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(words)), int(port, 16)
+# The /proc/net/tcp reading is shared with the router front, which is copied alone to the router host (stdlib only).
+TCP_LISTEN = router_launch.TCP_LISTEN
+_proc_address = router_launch.proc_address
+connection_holder = router_launch.connection_holder
 
 
 def tcp_listeners(port: int, proc: str = "/proc") -> list[tuple[str, int]] | None:
@@ -335,6 +368,14 @@ def _url_host_port(url: str) -> tuple[str, int] | None:
     if found is None:
         return None
     return found.group(1).strip("[]"), int(found.group(2))
+
+
+def account_uid(name: str) -> int:
+    """`name`'s uid on this machine; -1 when there is no such account (then no local listener is its)."""
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return -1
 
 
 def serving_uid() -> int | None:
@@ -399,6 +440,63 @@ def _account(uid: int) -> str:
         return f"uid {uid}"
 
 
+class ListenerRefused(ConnectionError):
+    """The server side of a connection on this machine belongs to another account: nothing was sent on it."""
+
+
+def listener_problem(sock: socket.socket, owner_uid: int | None, proc: str = "/proc") -> str | None:
+    """Why nothing may be sent on this connected socket, or None when it may: decided on the very connection, after
+    connect() and before any byte (issue 43, rows 1 and 4; a check of the listeners ahead of time leaves a window in
+    which another local account can take the port). A peer on another machine is not judged here, nor is anything
+    when `owner_uid` is None (no serving account on this machine)."""
+    if owner_uid is None:
+        return None
+    host, port = sock.getpeername()[:2]
+    address = ipaddress.ip_address(host.split("%")[0])
+    address = getattr(address, "ipv4_mapped", None) or address
+    if not _is_local(address):
+        return None
+    holder = connection_holder(sock, proc)
+    if holder == owner_uid:
+        return None
+    if holder is None:
+        return (f"cannot see who holds port {port} on {host} in {proc}/net/tcp: nothing was sent on the connection "
+                "(run where /proc/net is visible)")
+    return (f"port {port} on {host} is held by {_account(holder)}, not {_account(owner_uid)}: nothing was sent on "
+            "the connection (another local account took the port; find it with `ss -ltnp`)")
+
+
+def _checked_connection(base: type, owner_uid: int, proc: str) -> type:
+    """urllib3's connection class `base`, refusing (ListenerRefused) to use a socket whose server end another local
+    account holds; checked on the bare TCP socket, before TLS or any header."""
+
+    class Checked(base):
+        def _new_conn(self):
+            sock = super()._new_conn()
+            problem = listener_problem(sock, owner_uid, proc)
+            if problem:
+                sock.close()
+                raise ListenerRefused(problem)
+            return sock
+
+    return Checked
+
+
+def refused_by_owner(error: BaseException) -> str | None:
+    """The ListenerRefused text inside a requests/urllib3 error (they wrap it two or three deep), or None."""
+    seen = 0
+    stack = [error]
+    while stack and seen < 20:
+        current = stack.pop()
+        seen += 1
+        if isinstance(current, ListenerRefused):
+            return str(current)
+        stack += [arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException)]
+        stack += [inner for inner in (getattr(current, "reason", None), current.__cause__, current.__context__)
+                  if isinstance(inner, BaseException)]
+    return None
+
+
 def gather(url: str, served_name: str | None, api_key: str | None, timeout: float, http=None,
            ca: str | None = None, owner_uid: int | None = None, proc: str = "/proc") -> dict[str, object]:
     """The pair seen through its API: /health, /v1/models, a one-token generation and /metrics, concurrently.
@@ -406,9 +504,10 @@ def gather(url: str, served_name: str | None, api_key: str | None, timeout: floa
     With a key, a URL on this machine is asked only when its listener belongs to the serving account (`owner_uid`,
     default the layout's service_user; key_withheld): otherwise the keyed probes answer with the reason and no
     request carries the key."""
-    http = http if http is not None else session(ca)
+    owner = serving_uid() if owner_uid is None else owner_uid
+    http = http if http is not None else session(ca, owner_uid=owner, proc=proc)
     headers = auth_headers(api_key)
-    withheld = key_withheld(url, serving_uid() if owner_uid is None else owner_uid, proc) if api_key else None
+    withheld = key_withheld(url, owner, proc) if api_key else None
 
     def health() -> dict[str, object]:
         return request(http, "GET", f"{url}/health", timeout)[0]

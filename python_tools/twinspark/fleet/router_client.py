@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from twinspark import api
 
+# The account the router's front runs as (roles/router/defaults/main.yml router_front_user; a test holds them equal).
+FRONT_ACCOUNT = "twinspark-router-front"
+
 # Every path vllm-router 0.1.17 serves (its src/server.rs build_app: protected, public, admin and worker routes), plus
 # one it does not (handled by its transparent-proxy fallback): each must refuse a request without the fleet's key.
 ROUTER_PATHS = [
@@ -114,7 +117,9 @@ def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) 
 def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float) -> tuple[int | None, str]:
     """One request through the project's one API client (twinspark.api): (status, body), or (None, why)."""
     headers = {"Content-Type": "application/json", **api.auth_headers(key)}
-    with api.session() as http:
+    # A router on this machine is its front's (roles/router: router_front_user): a key goes to a local listener only
+    # when that account holds it, checked on the very connection (api.listener_problem).
+    with api.session(owner_uid=api.account_uid(FRONT_ACCOUNT)) as http:
         result, response = api.request(http, method, url, timeout_s, data=body, headers=headers)
         if response is None:
             return None, str(result["error"])

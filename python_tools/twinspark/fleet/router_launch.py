@@ -40,9 +40,11 @@ import argparse
 import contextlib
 import hmac
 import http.client
+import ipaddress
 import json
 import os
 import posixpath
+import pwd
 import socket
 import sys
 import threading
@@ -211,8 +213,26 @@ def error_body(verdict: Verdict) -> bytes:
     return (json.dumps({"error": {"message": verdict.error, "code": verdict.status}}) + "\n").encode()
 
 
-def keycheck_server(listen: str, keys: Keys) -> ThreadingHTTPServer:
-    """A server answering 200 for a known key and 401 otherwise, on any GET path; not started."""
+SD_LISTEN_FDS_START = 3  # sd_listen_fds(3): the first socket systemd hands a socket-activated service
+
+
+def inherited_socket(environ: dict[str, str] | None = None, pid: int | None = None) -> socket.socket | None:
+    """The listening socket systemd passed (LISTEN_PID is this process, LISTEN_FDS=1), or None when none was.
+
+    The key check runs behind twinspark-router-keycheck.socket (issue 43, row 1): systemd holds its port from boot,
+    across every restart of the key check, so no other local account can ever listen there and read the keys the
+    router forwards to it. Reads the variables once and removes them, as sd_listen_fds(1) does."""
+    environ = os.environ if environ is None else environ
+    if environ.get("LISTEN_PID") != str(os.getpid() if pid is None else pid) or environ.get("LISTEN_FDS") != "1":
+        return None
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        environ.pop(name, None)
+    return socket.socket(fileno=SD_LISTEN_FDS_START)
+
+
+def keycheck_server(listen: str, keys: Keys, inherited: socket.socket | None = None) -> ThreadingHTTPServer:
+    """A server answering 200 for a known key and 401 otherwise, on any GET path; not started. With `inherited` (a
+    listening socket from systemd) it serves that socket and binds nothing; `listen` must name its address."""
     host, _, port = listen.rpartition(":")
 
     class Handler(BaseHTTPRequestHandler):
@@ -225,9 +245,64 @@ def keycheck_server(listen: str, keys: Keys) -> ThreadingHTTPServer:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    if inherited is None:
+        server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    else:
+        bound = inherited.getsockname()[:2]
+        if (bound[0], bound[1]) != ((host.strip("[]") or "127.0.0.1"), int(port)):
+            raise ValueError(f"--listen {listen}: systemd passed a socket on {bound[0]}:{bound[1]}; make the "
+                             "socket unit's ListenStream= and --listen name the same address")
+        server = ThreadingHTTPServer(bound, Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = inherited
+        server.server_address = bound
     server.daemon_threads = True
     return server
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whose socket is at the other end (twinspark.api uses these too: this file is copied alone, stdlib only)
+# ---------------------------------------------------------------------------------------------------------------
+
+TCP_LISTEN = "0A"
+
+
+def proc_address(text: str) -> tuple[str, int]:
+    """/proc/net/tcp{,6}'s `HEXADDR:HEXPORT` (each 32-bit word of the address in host byte order)."""
+    address, port = text.split(":")
+    raw = bytes.fromhex(address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words)), int(port, 16)
+
+
+def _endpoint(address: str, port: int) -> tuple[object, int]:
+    parsed = ipaddress.ip_address(address.split("%")[0])
+    return getattr(parsed, "ipv4_mapped", None) or parsed, port
+
+
+def connection_holder(sock: socket.socket, proc: str = "/proc", wait_s: float = 1.0) -> int | None:
+    """The uid of the socket at the other end of this connected TCP socket when that end is on this machine (the
+    row of /proc/net/tcp{,6} whose local address is our peer and whose remote address is us; a connection still
+    queued, never accepted, is there too, owned by its listener's account); None when no such row shows up within
+    `wait_s` (the row appears as the server handles our final ACK, which on loopback can trail connect())."""
+    wanted = (_endpoint(*sock.getpeername()[:2]), _endpoint(*sock.getsockname()[:2]))
+    deadline = time.monotonic() + wait_s
+    while True:
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(os.path.join(proc, "net", table), encoding="ascii") as handle:
+                    rows = handle.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                if len(fields) < 8 or fields[3] == TCP_LISTEN:
+                    continue
+                if (_endpoint(*proc_address(fields[1])), _endpoint(*proc_address(fields[2]))) == wanted:
+                    return int(fields[7])
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -239,7 +314,8 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, client_timeout_s: float = 120.0,
                  upstream_timeout_s: float = 900.0, upstream_retry_s: float = 0.0,
                  header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 max_per_source: int = DEFAULT_MAX_PER_SOURCE) -> ThreadingHTTPServer:
+                 max_per_source: int = DEFAULT_MAX_PER_SOURCE, upstream_owner_uid: int | None = None,
+                 proc: str = "/proc") -> ThreadingHTTPServer:
     """The front, not started: refuses or forwards each request (`decide`) to the router at `upstream`
     (host:port), one connection per request, and streams the answer back as it comes (SSE included).
 
@@ -255,7 +331,11 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
     `header_timeout_s` in all (a deadline, not a per-read timeout, so a byte every few seconds does not keep it), or it
     is closed before any key is looked at; at most `max_connections` connections are served at once and at most
     `max_per_source` from one address, and a connection beyond either is closed as soon as it is accepted, without
-    a thread. Idle or slow sockets from one place therefore cannot take the front from keyed clients elsewhere."""
+    a thread. Idle or slow sockets from one place therefore cannot take the front from keyed clients elsewhere.
+
+    `upstream_owner_uid` (issue 43, row 1): each connection to the router is used only when its server end belongs
+    to that account, checked on the connection itself (connection_holder) before a byte is sent; another local
+    account that took the router's port while it restarted gets nothing, and the client a 502 saying so."""
     up_host, up_port = _split_listen(upstream)
 
     class Handler(BaseHTTPRequestHandler):
@@ -320,6 +400,14 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
                 upstream_conn = http.client.HTTPConnection(up_host, up_port, timeout=upstream_timeout_s)
                 try:
                     upstream_conn.connect()
+                    if upstream_owner_uid is not None:
+                        holder = connection_holder(upstream_conn.sock, proc)
+                        if holder != upstream_owner_uid:
+                            upstream_conn.close()
+                            print(f"router_launch front: {upstream} is held by uid {holder}, not the router's account "
+                                  f"(uid {upstream_owner_uid}); nothing was sent to it", file=sys.stderr, flush=True)
+                            self._refuse(Verdict(502, "the router's port is held by another account"))
+                            return
                     upstream_conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                     upstream_conn.putheader("Host", f"{up_host}:{up_port}")
                     for name, value in forwarded_headers(list(self.headers.items())):
@@ -481,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="connections served at once; more are closed at once")
     front.add_argument("--max-per-source", type=int, default=DEFAULT_MAX_PER_SOURCE,
                        help="connections served at once from one address; more are closed at once")
+    front.add_argument("--upstream-owner", metavar="ACCOUNT",
+                       help="the account that runs the router: a connection to --upstream whose server end another "
+                            "account holds gets nothing (issue 43, row 1)")
     serve = sub.add_parser("serve", help="run vllm-router with client keys required; router flags after --")
     serve.add_argument("--key-check-url", action="append", default=[])
     serve.add_argument("--worker-key-file", type=Path,
@@ -490,18 +581,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if opts.command in ("keycheck", "front"):
             if opts.command == "keycheck":
-                server = keycheck_server(opts.listen, KeyFiles(opts.key_file))
+                server = keycheck_server(opts.listen, KeyFiles(opts.key_file), inherited_socket())
             else:
                 client_keys, admin_keys = read_keys(opts.client_key_file), read_keys(opts.admin_key_file)
                 if set(client_keys) & set(admin_keys):
                     raise ValueError(f"{opts.admin_key_file}: holds a client key too; the admin key must be a "
                                      "secret of its own")
+                owner = None
+                if opts.upstream_owner:
+                    try:
+                        owner = pwd.getpwnam(opts.upstream_owner).pw_uid
+                    except KeyError:
+                        raise ValueError(f"--upstream-owner {opts.upstream_owner}: no such account on this machine; "
+                                         "name the account the router runs as") from None
                 server = front_server(opts.listen, opts.upstream, KeyFiles([opts.client_key_file]),
                                       KeyFiles([opts.admin_key_file]), opts.max_body_bytes,
                                       upstream_timeout_s=opts.upstream_timeout_s,
                                       upstream_retry_s=opts.upstream_retry_s,
                                       header_timeout_s=opts.header_timeout_s,
-                                      max_connections=opts.max_connections, max_per_source=opts.max_per_source)
+                                      max_connections=opts.max_connections, max_per_source=opts.max_per_source,
+                                      upstream_owner_uid=owner)
             thread = threading.Thread(target=server.serve_forever, daemon=True)
             thread.start()
             thread.join()
