@@ -270,3 +270,55 @@ def test_real_nft_a_flushed_chain_is_loaded_again_by_the_running_watcher(tmp_pat
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "held other rules" in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not os.access(NFT, os.X_OK),
+                    reason="needs root, unshare and nft (a network namespace of the test's own)")
+def test_real_nft_the_lone_copy_watches_the_routers_table(tmp_path):
+    """The router host runs this file alone (roles/router copies it as firewallwatch.py) with the system Python and
+    `-I`, so it must import nothing else of the package; a flushed chain of `inet twinspark_router` comes back."""
+    lone = tmp_path / "firewallwatch.py"
+    shutil.copy(Path(firewall.__file__), lone)
+    table = tmp_path / "router.nft"
+    table.write_text(textwrap.dedent("""\
+        table inet twinspark_router
+        delete table inet twinspark_router
+        table inet twinspark_router {
+            chain input {
+                type filter hook input priority filter; policy accept;
+                tcp dport 30000 counter drop comment "router: only the allowed networks"
+            }
+        }
+        """))
+    state = tmp_path / "run" / "firewall.json"
+    watch = " ".join(map(_q, [sys.executable, "-I", str(lone), "firewall", "watch", "--file", str(table), "--state",
+                              str(state), "--table", "inet twinspark_router", "--interval", "0.2"]))
+    script = f"""
+        set -u
+        {NFT} -f {_q(str(table))} || exit 10
+        {watch} & watcher=$!
+        trap 'kill $watcher' EXIT
+        for i in $(seq 50); do [ -s {_q(str(state))} ] && break; sleep 0.1; done
+        sleep 0.5
+        {NFT} flush chain inet twinspark_router input || exit 11
+        for i in $(seq 50); do
+            {NFT} list table inet twinspark_router | grep -q 'dport 30000' && grep -q '"changed": 1' {_q(str(state))} \
+                && exit 0
+            sleep 0.1
+        done
+        exit 12
+        """
+    done = subprocess.run(["unshare", "--net", "bash", "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "table inet twinspark_router held other rules" in done.stdout
+    assert json.loads(state.read_text())["table"] == "inet twinspark_router"
+
+
+def test_a_table_without_its_family_is_refused(tmp_path, capsys):
+    table = tmp_path / "t.nft"
+    table.write_text("table inet x {}\n")
+    assert firewall.main(["firewall", "watch", "--file", str(table), "--state", str(tmp_path / "s.json"),
+                          "--table", "twinspark_router", "--once"]) == 2
+    assert "--table 'twinspark_router': give the family and the name" in capsys.readouterr().err
+

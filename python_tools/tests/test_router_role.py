@@ -126,7 +126,8 @@ def render(name, **values):
                 "router_front_user": "twinspark-router-front",
                 "router_admin_key_file": "/etc/twinspark-router/admin.key"}
     role_defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    for key in ("router_front_max_connections", "router_front_max_per_source"):
+    for key in ("router_front_max_connections", "router_front_max_per_source", "router_firewall_watcher",
+                "router_firewall_watch_interval_s"):
         defaults[key] = role_defaults[key]
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
@@ -231,6 +232,26 @@ def test_the_front_refuses_an_upstream_owner_that_does_not_exist(tmp_path, capsy
     assert "--upstream-owner no-such-account-here: no such account" in capsys.readouterr().err
 
 
+def test_the_routers_table_is_watched_by_the_pairs_watcher_run_alone(tmp_path, monkeypatch):
+    """Issue 43, row 9 on the router host: the watcher unit runs firewall.py (copied alone) with the system Python on
+    the router's table, and its rendered command line is accepted by that file's own parser."""
+    from twinspark import firewall
+
+    unit = render("twinspark-router-firewall-watch.service")
+    argv = exec_start(unit)
+    assert argv[:3] == ["/usr/bin/python3", "-I", "/opt/twinspark-router/firewallwatch.py"]
+    assert "BindsTo=twinspark-router-firewall.service" in unit
+    seen = {}
+    monkeypatch.setattr(firewall, "watch", lambda file, state, interval, **kw: seen.update(
+        file=file, state=str(state), interval=interval, table=kw["table"]) or 0)
+    assert firewall.main(argv[3:]) == 0
+    assert seen == {"file": "/etc/twinspark-router/firewall.nft", "state": "/run/twinspark-router-firewall/state.json",
+                    "interval": 2.0, "table": "inet twinspark_router"}
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    copy = next(t for t in tasks if t["name"].startswith("Copy the table's watcher"))
+    assert copy["ansible.builtin.copy"]["src"].endswith("/python_tools/twinspark/firewall.py")
+
+
 def test_the_router_clients_local_owner_is_the_fronts_account():
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     assert defaults["router_front_user"] == router_client.FRONT_ACCOUNT
@@ -300,7 +321,8 @@ def test_locally_only_the_front_reaches_the_router_and_only_the_router_its_key_c
 
 
 @pytest.mark.parametrize("name", ["twinspark-router.service", "twinspark-router-keycheck.service",
-                                  "twinspark-router-firewall.service", "twinspark-router-front.service"])
+                                  "twinspark-router-firewall.service", "twinspark-router-front.service",
+                                  "twinspark-router-firewall-watch.service"])
 def test_the_router_units_are_hardened_like_the_others(tmp_path, name):
     """systemd-analyze's offline exposure score, held to the ceiling the pair's helper units have (2.5)."""
     import re

@@ -16,6 +16,10 @@ verdict in a small JSON state file that the health sweep and the pair guard read
 
 `status` exits 0 when the table is loaded and the watcher's verdict is fresh, 1 when the verdict is stale or the
 watcher could not look, 2 when the table is missing.
+
+The router host watches its own table (`inet twinspark_router`, issue 43 row 9) with this same file, copied alone by
+roles/router and run by the system Python (`python3 -I firewallwatch.py firewall watch --table ...`): nothing here
+imports the rest of the package until a default (the layout's state path) is asked for.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,8 +35,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from twinspark import atomic, layout
 
 TABLE = ("inet", "twinspark")
 NFT = "/usr/sbin/nft"
@@ -78,11 +81,11 @@ def fingerprint(listing: str) -> str:
     return hashlib.sha256(_COUNTER.sub("counter", listing).encode()).hexdigest()
 
 
-def look(run: Run, nft: str = NFT) -> tuple[bool | None, str, str]:
+def look(run: Run, nft: str = NFT, table: Sequence[str] = TABLE) -> tuple[bool | None, str, str]:
     """(present, why not, the table's fingerprint): True when the table is loaded, False when nft says it does not
     exist, None when nft could not answer at all."""
     try:
-        done = run([nft, "list", "table", *TABLE])
+        done = run([nft, "list", "table", *table])
     except (OSError, subprocess.SubprocessError) as error:
         return None, f"{nft}: {error}", ""
     if done.returncode == 0:
@@ -108,7 +111,8 @@ def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time
          say: Callable[[str], None] = print) -> State:
     """One look, and a reload when the table is gone or holds something else than what was loaded. Returns the new
     verdict (the same object, updated)."""
-    present, why, digest = look(run)
+    table = state.table.split()
+    present, why, digest = look(run, table=table)
     state.checked_at = now()
     if present is None:
         if state.error != why:
@@ -123,7 +127,7 @@ def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time
             state.present, state.error = True, f"cannot take the reference: {file} did not load: {problem}"
             say(f"firewall watch: {state.error}; the table's content is not watched until it does")
             return state
-        state.digest = look(run)[2]
+        state.digest = look(run, table=table)[2]
     if present:
         if state.present is False and state.missing_since is not None:
             say(f"firewall watch: table {state.table} is back after {state.checked_at - state.missing_since:.1f} s")
@@ -134,11 +138,11 @@ def step(state: State, file: str, run: Run, now: Callable[[], float] = time.time
     problem = load(run, file)
     if problem:
         if state.error != problem:  # once per new complaint, not every interval while it lasts
-            say(f"firewall watch: table {state.table} is missing and {file} did not load: {problem}; the API and "
-                f"the rendezvous ports are unfiltered until it does")
+            say(f"firewall watch: table {state.table} is missing and {file} did not load: {problem}; the ports it "
+                f"filters (the API and the rendezvous; the router's) are unfiltered until it does")
         state.present, state.error = False, problem
         return state
-    present_now, _, state.digest = look(run)
+    present_now, _, state.digest = look(run, table=table)
     state.reapplied += 1
     state.last_reapplied_at = now()
     state.present, state.error = bool(present_now), ""
@@ -158,7 +162,7 @@ def _reload_changed(state: State, file: str, run: Run, now: Callable[[], float],
             say(f"firewall watch: table {state.table} holds other rules than {file}, which did not load: {problem}")
         state.present, state.error = True, problem
         return state
-    state.digest = look(run)[2]
+    state.digest = look(run, table=state.table.split())[2]
     state.changed += 1
     state.reapplied += 1
     state.last_reapplied_at = now()
@@ -169,8 +173,12 @@ def _reload_changed(state: State, file: str, run: Run, now: Callable[[], float],
 
 
 def write_state(path: Path, state: State) -> None:
+    """The verdict, replaced in one rename (readers never see half of it); stdlib only, for the lone copy."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_atomic(path, state.to_json().encode(), mode=0o644)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(state.to_json(), encoding="utf-8")
+    temporary.chmod(0o644)
+    os.replace(temporary, path)
 
 
 def read_state(path: Path) -> dict[str, object]:
@@ -212,12 +220,12 @@ def judge(state: Mapping[str, object], now: float) -> tuple[int, str]:
 
 def watch(file: str, state_path: Path, interval_s: float, run: Run = run_nft, once: bool = False,
           sleep: Callable[[float], None] = time.sleep, now: Callable[[], float] = time.time,
-          rounds: int | None = None) -> int:
+          rounds: int | None = None, table: str = "") -> int:
     if not Path(file).is_file():
         print(f"firewall watch: {file} does not exist; install it with ansible-playbook site.yml "
               f"(role vllm_service)", file=sys.stderr)
         return 2
-    state = State(table_name(), None, now(), interval_s)
+    state = State(table or table_name(), None, now(), interval_s)
     done = 0
     while True:
         step(state, file, run, now, lambda line: print(line, flush=True))
@@ -229,6 +237,8 @@ def watch(file: str, state_path: Path, interval_s: float, run: Run = run_nft, on
 
 
 def default_state_path() -> Path:
+    from twinspark import layout  # only here: the router host's lone copy always passes --state
+
     return Path(layout.current().firewall_state)
 
 
@@ -236,7 +246,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("twinspark firewall watch: --interval must be above 0 seconds", file=sys.stderr)
         return 2
-    return watch(args.file, args.state or default_state_path(), args.interval, once=args.once)
+    if len(args.table.split()) != 2:
+        print(f"twinspark firewall watch: --table {args.table!r}: give the family and the name, as in "
+              f"'{table_name()}'", file=sys.stderr)
+        return 2
+    return watch(args.file, args.state or default_state_path(), args.interval, once=args.once, table=args.table)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -259,8 +273,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch_parser.add_argument("--state", type=Path, help="where the verdict is kept (default: layout firewall_state)")
     watch_parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between looks")
     watch_parser.add_argument("--once", action="store_true", help="one look (and reload), then exit")
+    watch_parser.add_argument("--table", default=table_name(),
+                              help="the table the file declares, family and name (default: %(default)s)")
     watch_parser.set_defaults(func=cmd_watch)
     status_parser = verbs.add_parser("status", help="the watcher's last verdict (exit 0 loaded, 1 stale, 2 missing)")
     status_parser.add_argument("--state", type=Path, help="the watcher's state file (default: layout firewall_state)")
     status_parser.add_argument("--json", action="store_true", help="print JSON")
     status_parser.set_defaults(func=cmd_status)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The lone copy's entry point (`python3 -I firewallwatch.py firewall watch|status ...`)."""
+    parser = argparse.ArgumentParser(prog="firewallwatch.py")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
