@@ -58,7 +58,7 @@ def lineinfile_absent(text: str, regexp: str) -> str:
 def test_the_new_line_copies_the_old_keys_options_and_is_what_site_yml_renders_from_the_new_pub():
     authorized = f"{OPERATOR}\n{GUARD_OPTIONS} {OLD}\n"
     line = keys.twinspark_authorized_line_for(authorized, " twinspark-pair-guard@", OLD, NEW + "\n")
-    assert line == f"{GUARD_OPTIONS} {NEW}"  # vllm_service_guard_authorized_line with the new .pub in place
+    assert line == f"{GUARD_OPTIONS} {NEW}"  # the line role peer_key writes with the new .pub in place
 
 
 def test_lines_sharing_a_comment_are_told_apart_by_their_key():
@@ -105,12 +105,23 @@ def test_the_option_the_pair_verbs_run_with_is_the_last_one_given():
     assert keys.twinspark_option(argv, "--known-hosts") is None
 
 
+def _peer_key_vars(path) -> dict:
+    """The vars a task file passes to its one include of role peer_key."""
+    found = [task["vars"] for task in yaml.safe_load(path.read_text())
+             if (task.get("ansible.builtin.include_role") or {}).get("name") == "peer_key"]
+    assert len(found) == 1, path
+    return found[0]
+
+
 def test_the_markers_and_fallbacks_are_the_ones_site_yml_uses():
     rotation = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     service = yaml.safe_load((ROOT / "roles" / "vllm_service" / "vars" / "main.yml").read_text())
     assert rotation["key_rotation_guard_marker"] == service["vllm_service_guard_authorized_regexp"]
-    fabric_key = (ROOT / "roles" / "model_cache" / "tasks" / "fabric_key.yml").read_text()
-    assert f'regexp: "{rotation["key_rotation_copy_marker"]}"' in fabric_key
+    # both keys' lines are written by role peer_key, found by the marker each caller gives it
+    copy_include = _peer_key_vars(ROOT / "roles" / "model_cache" / "tasks" / "fabric_key.yml")
+    assert copy_include["peer_key_marker"] == rotation["key_rotation_copy_marker"]
+    guard_include = _peer_key_vars(ROOT / "roles" / "vllm_service" / "tasks" / "guard.yml")
+    assert guard_include["peer_key_marker"] == "{{ vllm_service_guard_authorized_regexp }}"
     cache = yaml.safe_load((ROOT / "roles" / "model_cache" / "defaults" / "main.yml").read_text())
     assert cache["model_cache_fabric_key"].replace("{{ twinspark_layout_control_dir }}", "C") in \
         rotation["key_rotation_copy_key"].replace("twinspark_layout_control_dir ~ '", "C")
