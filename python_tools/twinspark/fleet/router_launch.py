@@ -280,6 +280,18 @@ def _endpoint(address: str, port: int) -> tuple[object, int]:
     return getattr(parsed, "ipv4_mapped", None) or parsed, port
 
 
+def _proc_net_rows(proc: str, table: str) -> list[str] | None:
+    """The rows of this network namespace's /proc/net/<table>, read through /proc/self/net first: a unit with
+    ProcSubset=pid (the router front) sees no top-level /proc/net, only its own process's directory."""
+    for path in (os.path.join(proc, "self", "net", table), os.path.join(proc, "net", table)):
+        try:
+            with open(path, encoding="ascii") as handle:
+                return handle.read().splitlines()[1:]
+        except OSError:
+            continue
+    return None
+
+
 def connection_holder(sock: socket.socket, proc: str = "/proc", wait_s: float = 1.0) -> int | None:
     """The uid of the socket at the other end of this connected TCP socket when that end is on this machine (the
     row of /proc/net/tcp{,6} whose local address is our peer and whose remote address is us; a connection still
@@ -289,10 +301,8 @@ def connection_holder(sock: socket.socket, proc: str = "/proc", wait_s: float = 
     deadline = time.monotonic() + wait_s
     while True:
         for table in ("tcp", "tcp6"):
-            try:
-                with open(os.path.join(proc, "net", table), encoding="ascii") as handle:
-                    rows = handle.read().splitlines()[1:]
-            except OSError:
+            rows = _proc_net_rows(proc, table)
+            if rows is None:
                 continue
             for row in rows:
                 fields = row.split()
