@@ -298,6 +298,8 @@ def connection_holder(sock: socket.socket, proc: str = "/proc", wait_s: float = 
     queued, never accepted, is there too, owned by its listener's account); None when no such row shows up within
     `wait_s` (the row appears as the server handles our final ACK, which on loopback can trail connect())."""
     wanted = (_endpoint(*sock.getpeername()[:2]), _endpoint(*sock.getsockname()[:2]))
+    # the ports as the table writes them: a cheap first sieve over a table a busy front makes long
+    local_port, remote_port = f":{wanted[0][1]:04X}", f":{wanted[1][1]:04X}"
     deadline = time.monotonic() + wait_s
     while True:
         for table in ("tcp", "tcp6"):
@@ -305,8 +307,11 @@ def connection_holder(sock: socket.socket, proc: str = "/proc", wait_s: float = 
             if rows is None:
                 continue
             for row in rows:
+                if local_port not in row or remote_port not in row:
+                    continue
                 fields = row.split()
-                if len(fields) < 8 or fields[3] == TCP_LISTEN:
+                if (len(fields) < 8 or fields[3] == TCP_LISTEN or not fields[1].endswith(local_port)
+                        or not fields[2].endswith(remote_port)):
                     continue
                 if (_endpoint(*proc_address(fields[1])), _endpoint(*proc_address(fields[2]))) == wanted:
                     return int(fields[7])
