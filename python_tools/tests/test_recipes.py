@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Recorded at commit 85dc2ad, before recipes existed: every default env (both profiles, both ranks, both runtime
 # flavours), its `twinspark serve --dry-run --json` without the interpreter path, and the env files the sim and
 # example inventories rendered.
+GROUP_ENVS = ("NNODES", "TENSOR_PARALLEL_SIZE", "PIPELINE_PARALLEL_SIZE")  # docs/GROUPS.md, absent on a pair
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "recorded_before_recipes.json").read_text())
 RECIPE_FILES = sorted((REPO / "python_tools" / "twinspark" / "recipes").glob("*.yml"))
 
@@ -51,8 +52,9 @@ def test_no_recipe_set_serves_exactly_what_was_served_before_recipes(tmp_path, c
     shown = _dry_run(path)
     assert shown["argv"] == before["dry_run"]["argv"]
     assert shown["env"] == before["dry_run"]["env"]
-    # The launcher keeps its own knobs out of vLLM's environment: TWINSPARK_RECIPE (absent here) joins them.
-    assert sorted(shown["unset"]) == sorted([*before["dry_run"]["unset"], recipe.RECIPE_ENV])
+    # The launcher keeps its own knobs out of vLLM's environment: TWINSPARK_RECIPE and the group's size and layout
+    # (absent on a pair) join them.
+    assert sorted(shown["unset"]) == sorted([*before["dry_run"]["unset"], recipe.RECIPE_ENV, *GROUP_ENVS])
 
 
 @pytest.mark.slow(6)

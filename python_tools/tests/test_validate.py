@@ -139,7 +139,11 @@ def test_variables_named_in_the_passthrough_knob_are_accepted(tmp_path, capsys):
         ({"WORKER_HOST": "192.0.2.1"}, "WORKER_HOST: equals MASTER_ADDR"),
         ({"NCCL_IB_GID_AUTO": "0"}, "NCCL_IB_GID_INDEX: is required when NCCL_IB_GID_AUTO=0"),
         ({"MODEL": "/srv/models/ds4"}, "MODEL_REVISION: must be empty for a local model directory"),
-        ({"NODE_RANK": "2"}, "NODE_RANK: is not one of the allowed values (got '2') (allowed: 0, 1)"),
+        ({"NODE_RANK": "2"}, "NODE_RANK: is 2, but the group has 2 node(s) (NNODES): ranks are 0..1"),
+        ({"NODE_RANK": "8"}, "NODE_RANK: is not one of the allowed values (got '8') (allowed: 0, 1, 2, 3, 4, 5, 6, 7)"),
+        ({"NNODES": "4", "TENSOR_PARALLEL_SIZE": "3"},
+         "TENSOR_PARALLEL_SIZE: 3 x PIPELINE_PARALLEL_SIZE 1 is 3, not the group's 4 node(s)"),
+        ({"NNODES": "4", "NODE_RANK": "5"}, "NODE_RANK: is 5, but the group has 4 node(s) (NNODES): ranks are 0..3"),
     ],
 )
 def test_cross_rules(tmp_path, capsys, changes, expected):

@@ -15,7 +15,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +115,32 @@ USAGE_STATS_ENV = "TWINSPARK_USAGE_STATS"
 TELEMETRY_OFF = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 
 
+# The knobs that pass vLLM's rendezvous flags; a group of one starts without them (docs/GROUPS.md).
+MULTI_NODE_KNOBS = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The flags of the profiles' common args that carry the group's size and layout (settings.yml `common`).
+LAYOUT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--nnodes")
+
+
+def group_args(common_args: Sequence[str], size: int, tp: int, pp: int) -> list[str]:
+    """The profiles' common args with the group's TP, PP and node count in place of the pair's (2, 1, 2), in the
+    same order, so a pair's argv is unchanged; a group of one drops --nnodes (twinspark.group.launch_args decides
+    the same flags, and a test holds the two together)."""
+    values = dict(zip(LAYOUT_FLAGS, (tp, pp, size), strict=True))
+    out: list[str] = []
+    words = list(common_args)
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in values:
+            if not (word == "--nnodes" and size == 1):
+                out += [word, str(values[word])]
+            index += 2
+            continue
+        out.append(word)
+        index += 1
+    return out
+
+
 def build_command(
     values: Mapping[str, str],
     others: Mapping[str, str] | None = None,
@@ -124,18 +150,21 @@ def build_command(
     """The vLLM argv and environment for a validated, normalised knob mapping (see validate.validate)."""
     registry = registry or settings.load()
     profile = values["TWINSPARK_PROFILE"]
-    argv = [python, *VLLM_ENTRY, values["MODEL"], *registry.common_args]
+    size, tp, pp = validate.group_layout(values)
+    argv = [python, *VLLM_ENTRY, values["MODEL"], *group_args(registry.common_args, size, tp, pp)]
     for knob in registry.knobs:
         if knob.passes != "arg" or knob.env not in values:
             continue
+        if size == 1 and knob.env in MULTI_NODE_KNOBS:
+            continue  # a group of one: no rendezvous
         value = values[knob.env]
         if knob.type == "bool":
             if value == "1":
                 argv.append(knob.arg)
         elif value != "":
             argv += [knob.arg, value, *knob.with_args]
-    if values.get("NODE_RANK") == "1":
-        argv.append("--headless")
+    if values.get("NODE_RANK", "0") != "0":
+        argv.append("--headless")  # every rank but 0: only rank 0 serves the API
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
     chosen = values.get(recipe.RECIPE_ENV) or None  # validated: a recipe of this profile; None: its default
     argv += recipe.fixed_args(profile, flavour, chosen, registry)[len(registry.common_args):]
@@ -164,8 +193,9 @@ def build_command(
     unset += [name for name in TELEMETRY_OFF if name not in env]  # not even an inherited opt-out, when allowed
     secret_env = []
     keys = api_keys(values)
-    # Only the head serves the API; the worker rank (--headless) gets no key at all, not even an inherited one.
-    if keys and values.get("NODE_RANK") != "1":
+    # Only the head (rank 0) serves the API; every other rank (--headless) gets no key at all, not even an inherited
+    # one.
+    if keys and values.get("NODE_RANK", "0") == "0":
         env[API_KEYS_ENV] = " ".join(keys)
         secret_env.append(API_KEYS_ENV)
         # The patched middleware (auth-every-path) takes the accepted keys from this file whenever it changes:

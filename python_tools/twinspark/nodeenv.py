@@ -7,7 +7,8 @@ Pure functions over plain data. The Ansible filter `twinspark_node_env` (filter_
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from twinspark import recipe, settings, validate
@@ -68,6 +69,7 @@ def node_env(
     worker_fabric_address: str,
     node_overrides: Mapping[str, Any] | None = None,
     registry: Registry | None = None,
+    group: GroupShape | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(serve env, secrets env) for the node of `rank`, every applicable default written out.
 
@@ -75,12 +77,19 @@ def node_env(
     (MAX_NUM_SEQS); `node_overrides` this node's own values for per-node knobs. NODE_RANK, MASTER_ADDR,
     WORKER_HOST and VLLM_HOST_IP are derived from the rank and the two fabric addresses. Raises NodeEnvError
     listing every problem.
+
+    `group`: a group other than the pair (docs/GROUPS.md): its fabric addresses in rank order, TP and PP. Then
+    MASTER_ADDR is rank 0's address, VLLM_HOST_IP this rank's, WORKER_HOST rank 1's (rank 0's in a group of one),
+    and NNODES, TENSOR_PARALLEL_SIZE and PIPELINE_PARALLEL_SIZE are written; `head_fabric_address` and
+    `worker_fabric_address` are not read.
     """
     registry = registry or settings.load()
     problems: list[str] = []
     raw: dict[str, str] = {}
-    if rank not in RANKS:
-        raise NodeEnvError([f"rank: must be 0 (head) or 1 (worker), got {rank!r}"])
+    size = len(group.addresses) if group else 2
+    if not 0 <= rank < size or (group is None and rank not in RANKS):
+        raise NodeEnvError([f"rank: must be 0 (head) or 1 (worker), got {rank!r}" if group is None else
+                            f"rank: must be one of 0..{size - 1} in a group of {size}, got {rank!r}"])
 
     for source, values in (("inventory", knobs), ("node override", node_overrides or {})):
         for name, value in values.items():
@@ -111,16 +120,32 @@ def node_env(
             if text is not None:
                 raw[knob.env] = text
 
-    for label, address in (("head", head_fabric_address), ("worker", worker_fabric_address)):
-        if not address:
-            problems.append(f"{FABRIC_ADDRESS_VAR}: missing on the {label}; set the node's own fabric address "
-                            "as a host variable")
-    raw.update({
-        "NODE_RANK": str(rank),
-        "MASTER_ADDR": str(head_fabric_address or ""),
-        "WORKER_HOST": str(worker_fabric_address or ""),
-        "VLLM_HOST_IP": str((head_fabric_address if rank == 0 else worker_fabric_address) or ""),
-    })
+    if group is None:
+        for label, address in (("head", head_fabric_address), ("worker", worker_fabric_address)):
+            if not address:
+                problems.append(f"{FABRIC_ADDRESS_VAR}: missing on the {label}; set the node's own fabric address "
+                                "as a host variable")
+        raw.update({
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": str(head_fabric_address or ""),
+            "WORKER_HOST": str(worker_fabric_address or ""),
+            "VLLM_HOST_IP": str((head_fabric_address if rank == 0 else worker_fabric_address) or ""),
+        })
+    else:
+        for index, address in enumerate(group.addresses):
+            if not address:
+                problems.append(f"{FABRIC_ADDRESS_VAR}: missing on rank {index}; set the node's own fabric address "
+                                "as a host variable")
+        addresses = [str(address or "") for address in group.addresses]
+        raw.update({
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": addresses[0],
+            "WORKER_HOST": addresses[1] if size > 1 else addresses[0],
+            "VLLM_HOST_IP": addresses[rank],
+        })
+        if (size, group.tp, group.pp) != validate.PAIR_LAYOUT:
+            raw.update({"NNODES": str(size), "TENSOR_PARALLEL_SIZE": str(group.tp),
+                        "PIPELINE_PARALLEL_SIZE": str(group.pp)})
     result = validate.validate(raw, registry)
     for problem in result.problems:
         if problem.var in ("MASTER_ADDR", "WORKER_HOST", "VLLM_HOST_IP") and not raw.get(problem.var):
@@ -185,28 +210,56 @@ def pair_envs(
     Knobs that are not per-node must come out equal on both nodes (a host variable overriding one of them on a
     single node is an error). Raises NodeEnvError with every problem, prefixed by the host(s) it concerns.
     """
+    return group_envs(host_vars, (head, worker), registry=registry)
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What node_env needs of a group other than the pair: its fabric addresses in rank order, TP and PP."""
+
+    addresses: tuple[str, ...]
+    tp: int
+    pp: int
+
+
+def group_envs(
+    host_vars: Mapping[str, Mapping[str, Any]],
+    ranks: Sequence[str],
+    tp: int | None = None,
+    pp: int | None = None,
+    registry: Registry | None = None,
+) -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    """(serve, secrets) for every node of a group, `ranks` its hosts in rank order (twinspark.group.read), checked
+    together: knobs that are not per-node must come out equal on every node. Two ranks with no TP or PP given are
+    the pair, whose env files are exactly a pair's (TP defaults to the node count, PP to 1). Raises NodeEnvError
+    with every problem, prefixed by the host(s) it concerns."""
     registry = registry or settings.load()
-    addresses = {name: env_text(host_vars[name].get(FABRIC_ADDRESS_VAR)) or "" for name in (head, worker)}
+    addresses = {name: env_text(host_vars[name].get(FABRIC_ADDRESS_VAR)) or "" for name in ranks}
+    shape = None
+    if len(ranks) != 2 or tp is not None or pp is not None:
+        shape = GroupShape(tuple(addresses[name] for name in ranks), tp or len(ranks), pp or 1)
     envs: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
     problems: dict[str, list[str]] = {}
-    for rank, name in enumerate((head, worker)):
+    for rank, name in enumerate(ranks):
         try:
-            envs[name] = node_env(knobs_from_host_vars(host_vars[name]), rank, addresses[head], addresses[worker],
-                                  registry=registry)
+            envs[name] = node_env(knobs_from_host_vars(host_vars[name]), rank, addresses[ranks[0]],
+                                  addresses[ranks[-1]], registry=registry, group=shape)
         except NodeEnvError as error:
             for problem in error.problems:
                 problems.setdefault(problem, []).append(name)
-    if not problems and len(envs) == 2:
-        merged = [{**serve, **secrets} for serve, secrets in (envs[head], envs[worker])]
+    if not problems and len(envs) == len(ranks) > 1:
+        merged = {name: {**serve, **secrets} for name, (serve, secrets) in envs.items()}
         for knob in registry.knobs:
             if knob.per_node or knob.derived or knob.installed_as is not None:  # installed_as: the head's alone
                 continue
-            left, right = merged[0].get(knob.env), merged[1].get(knob.env)
-            if left != right:
-                shown = "" if knob.secret else f" ({head}: {left!r}, {worker}: {right!r})"
-                problem = (f"{knob.var}: differs between the nodes{shown}; it must be the same on both, so set it "
-                           "for the whole pair (group_vars), not per host")
-                problems.setdefault(problem, []).extend([head, worker])
+            seen = {name: merged[name].get(knob.env) for name in ranks}
+            if len(set(seen.values())) > 1:
+                shown = "" if knob.secret else " (" + ", ".join(f"{name}: {value!r}" for name, value in
+                                                                seen.items()) + ")"
+                where = "both" if len(ranks) == 2 else "every node"
+                problem = (f"{knob.var}: differs between the nodes{shown}; it must be the same on {where}, so set "
+                           f"it for the whole {'pair' if len(ranks) == 2 else 'group'} (group_vars), not per host")
+                problems.setdefault(problem, []).extend(ranks)
     if problems:
         raise NodeEnvError([f"{', '.join(hosts)}: {problem}" for problem, hosts in problems.items()])
     return envs

@@ -91,7 +91,8 @@ class Knob:
         if isinstance(value, dict) and set(value) <= set(PROFILES):
             value = value.get(profile)
         if isinstance(value, dict) and "by_rank" in value:
-            value = None if rank is None else value["by_rank"][rank]
+            ranks = value["by_rank"]  # repeated for ranks beyond the list (a group of more nodes than it names)
+            value = None if rank is None else ranks[rank % len(ranks)]
         if not self.applies_to(profile):
             return None
         return None if value is None else to_env_text(value)

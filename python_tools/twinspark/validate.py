@@ -318,7 +318,7 @@ def validate(raw: Mapping[str, str], registry: Registry | None = None) -> Result
     if flavour not in settings.FLAVOURS:
         flavour = "stock"  # the knob's own check below reports the bad value
     rank_text = raw.get("NODE_RANK", "").strip()
-    rank = int(rank_text) if rank_text in ("0", "1") else None
+    rank = int(rank_text) if rank_text.isdigit() and len(rank_text) == 1 else None
     chosen, recipe_problem = _chosen_recipe(raw, profile, flavour, registry)
     if recipe_problem:
         problems.append(recipe_problem)
@@ -454,6 +454,20 @@ def _unknown_variable(name: str, profile: str, registry: Registry, flavour: str 
     return None
 
 
+PAIR_LAYOUT = (2, 2, 1)  # NNODES, TENSOR_PARALLEL_SIZE, PIPELINE_PARALLEL_SIZE of a pair (settings.yml common args)
+
+
+def group_layout(values: Mapping[str, str]) -> tuple[int, int, int]:
+    """(nodes, TP, PP) of the group a validated env belongs to: a pair's when NNODES is absent; TP defaults to the
+    node count and PP to 1 (docs/GROUPS.md)."""
+    if not values.get("NNODES"):
+        size, tp, pp = PAIR_LAYOUT
+    else:
+        size = int(values["NNODES"])
+        tp, pp = size, 1
+    return (size, int(values.get("TENSOR_PARALLEL_SIZE") or tp), int(values.get("PIPELINE_PARALLEL_SIZE") or pp))
+
+
 def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
     problems = []
     rank = values.get("NODE_RANK")
@@ -466,9 +480,17 @@ def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
     if rank == "1" and host_ip and worker and host_ip != worker:
         problems.append(Problem("VLLM_HOST_IP", f"on the worker (NODE_RANK=1) must equal WORKER_HOST ({worker}), "
                                                 f"got {host_ip}"))
-    if master and worker and master == worker:
+    size, tp, pp = group_layout(values)
+    if master and worker and master == worker and size > 1:
         problems.append(Problem("WORKER_HOST", f"equals MASTER_ADDR ({master}); the two nodes need their own "
                                                "fabric addresses"))
+    if rank is not None and rank.isdigit() and int(rank) >= size:
+        problems.append(Problem("NODE_RANK", f"is {rank}, but the group has {size} node(s) (NNODES): ranks are "
+                                             f"0..{size - 1}"))
+    if tp * pp != size:
+        problems.append(Problem("TENSOR_PARALLEL_SIZE", f"{tp} x PIPELINE_PARALLEL_SIZE {pp} is {tp * pp}, not the "
+                                                        f"group's {size} node(s) (NNODES); vLLM needs one GPU per "
+                                                        "rank and TP x PP of them"))
     if values.get("NCCL_IB_GID_AUTO") == "0" and "NCCL_IB_GID_INDEX" not in values:
         problems.append(Problem("NCCL_IB_GID_INDEX", "is required when NCCL_IB_GID_AUTO=0; pin it, or set "
                                                      "NCCL_IB_GID_AUTO=1 to resolve it on each node at start"))
