@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,34 @@ def test_processed_reads_one_workers_counter_and_zero_for_an_unknown_one():
     assert router_client.processed(text, "http://10.0.0.3:8888") == 7.0
     assert router_client.processed(text, "http://10.0.0.1:8888") == 12.0
     assert router_client.processed(text, "http://10.0.0.9:8888") == 0.0
+
+
+def test_the_key_goes_to_a_local_router_only_when_the_fronts_account_holds_it(monkeypatch):
+    """The drain's admin key and the fleet client's key (issue 43, row 4): a router URL on this machine is asked only
+    over a connection whose server end is the front's account's (where there is none: this process's own)."""
+    heard: list[str] = []
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            heard.append(self.headers.get("Authorization") or "")
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert router_client.request(base, "/list_workers", "admin-key")[0] == 200  # ours: no front account here
+        assert heard == ["Bearer admin-key"]
+        monkeypatch.setattr(router_client.api, "account_uid", lambda name, missing: os.geteuid() + 4242)
+        status, why = router_client.request(base, "/list_workers", "admin-key")
+        assert status is None and "not the serving account" not in why and "nothing was sent" in why
+        assert heard == ["Bearer admin-key"]  # the second request never reached the listener
+    finally:
+        server.shutdown()
+        server.server_close()

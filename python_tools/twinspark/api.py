@@ -370,12 +370,12 @@ def _url_host_port(url: str) -> tuple[str, int] | None:
     return found.group(1).strip("[]"), int(found.group(2))
 
 
-def account_uid(name: str) -> int:
-    """`name`'s uid on this machine; -1 when there is no such account (then no local listener is its)."""
+def account_uid(name: str, missing: int) -> int:
+    """`name`'s uid on this machine; `missing` when there is no such account."""
     try:
         return pwd.getpwnam(name).pw_uid
     except KeyError:
-        return -1
+        return missing
 
 
 def serving_uid() -> int | None:

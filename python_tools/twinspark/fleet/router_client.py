@@ -9,6 +9,7 @@ fleet's client-loop check (docs/FLEET.md).
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -118,8 +119,9 @@ def _request(url: str, key: str | None, body: bytes | None, method: str, timeout
     """One request through the project's one API client (twinspark.api): (status, body), or (None, why)."""
     headers = {"Content-Type": "application/json", **api.auth_headers(key)}
     # A router on this machine is its front's (roles/router: router_front_user): a key goes to a local listener only
-    # when that account holds it, checked on the very connection (api.listener_problem).
-    with api.session(owner_uid=api.account_uid(FRONT_ACCOUNT)) as http:
+    # when that account holds it, checked on the very connection (api.listener_problem). Where there is no such
+    # account (a drill or a bench that runs the front itself), only to a listener of this process's own account.
+    with api.session(owner_uid=api.account_uid(FRONT_ACCOUNT, missing=os.geteuid())) as http:
         result, response = api.request(http, method, url, timeout_s, data=body, headers=headers)
         if response is None:
             return None, str(result["error"])
