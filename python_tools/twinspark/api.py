@@ -24,6 +24,7 @@ import pwd
 import re
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -235,9 +236,8 @@ def session(ca: str | None = None, pool: int | None = None, owner_uid: object = 
     is on this machine, belongs to `owner_uid` (default: the serving account; None: no check): each new connection
     is checked after connect() and before TLS or a header (listener_problem), so a listener that appears between a
     check and the request never gets the key. Keyless requests (/health, /metrics) use their own connections."""
-    # Measured: requests adds ~170 ms at import (-X importtime); `pair kick` and `serve` send no HTTP.
-    import threading
-
+    # Measured: requests adds ~170 ms at import (-X importtime); `pair kick` and `serve` send no HTTP. urllib3 comes
+    # with it.
     import requests
     from urllib3 import connection, connectionpool
 

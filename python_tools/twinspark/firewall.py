@@ -237,7 +237,8 @@ def watch(file: str, state_path: Path, interval_s: float, run: Run = run_nft, on
 
 
 def default_state_path() -> Path:
-    from twinspark import layout  # only here: the router host's lone copy always passes --state
+    # Only here: the router host's lone copy (stdlib only) always passes --state.
+    from twinspark import layout
 
     return Path(layout.current().firewall_state)
 
