@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-recipe sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-recipe sim-fleet sim-test-fleet sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check sim-group
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -108,6 +108,13 @@ sim-recipe: setup
 # client loop through the router. About 75 minutes on 2 cores (the walks alone about 50).
 sim-fleet: setup
 	scripts/sim/fleet-check
+
+# A group of NODES simulated nodes (1 to 8; three or more through the simulated switch, docs/GROUPS.md): built,
+# its fabric configured and checked with full-size don't-fragment pings between every two nodes, a second run
+# changing nothing, each node's memory printed. The group's fabric only: serving is still the pair's.
+NODES ?= 4
+sim-group: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) scripts/sim/group-check
 
 # CI's share of it, as its own molecule scenario (molecule/fleet): two pairs and the router node created and converged
 # by site.yml, then one chat through the router and the key on every path. Holds the pair's lock, as every playbook

@@ -87,6 +87,36 @@ def twinspark_own_pair(host_name, *args):
     return {"name": pair.name, "head": pair.head, "worker": pair.worker, "hosts": pair.hosts, "problems": problems}
 
 
+def twinspark_fabric_peers(host_name, *args):
+    """The nodes host_name's fabric links reach, in rank order (rule: twinspark.group.fabric_peers): its group's other
+    members (inventory group twinspark_group), else its pair's other node, e.g.
+    inventory_hostname | twinspark_fabric_peers(groups, hostvars)."""
+    _, groups, all_hostvars = _split_args(args)
+    plain = _plain_hostvars(all_hostvars, groups)
+    host = str(host_name)
+    if host in (groups.get(group.GROUP_GROUP) or []):
+        return group.fabric_peers(host, groups, plain)
+    return group.fabric_peers(host, groups, plain, twinspark_own_pair(host, groups, all_hostvars)["hosts"])
+
+
+def twinspark_group_problems(all_hostvars, groups):
+    """Every problem of the inventory's group (inventory group twinspark_group, docs/GROUPS.md), one line each, judged
+    on the controller before any host is touched: ranks, layout against the recipe its rank 0 names (the profile's
+    default recipe when it names none), topology and node count, addresses. [] when the inventory has no group."""
+    members = [str(host) for host in groups.get(group.GROUP_GROUP) or []]
+    if not members:
+        return []
+    plain = _plain_hostvars(all_hostvars, groups)
+    found = group.read(group.GROUP_GROUP, members, plain, groups)
+    first = plain.get(found.ranks[0], {}) if found.ranks else {}
+    profile = str(first.get("twinspark_profile") or "gb10")
+    try:
+        chosen = recipe.chosen(profile, str(first.get(recipe.RECIPE_VAR) or "") or None)
+    except recipe.RecipeError as error:
+        return [str(error)]
+    return group.problems([found], plain, {found.name: chosen})
+
+
 def twinspark_node_env(host_vars, *args):
     """This node's env as {ENV_NAME: value} (serve and secrets together; use no_log where secrets may show)."""
     host_name, groups, all_hostvars = _split_args(args)
@@ -202,6 +232,8 @@ class FilterModule:
             "twinspark_knob_default": twinspark_knob_default,
             "twinspark_node_env": twinspark_node_env,
             "twinspark_own_pair": twinspark_own_pair,
+            "twinspark_fabric_peers": twinspark_fabric_peers,
+            "twinspark_group_problems": twinspark_group_problems,
             "twinspark_pair_problems": twinspark_pair_problems,
             "twinspark_env_file": twinspark_env_file,
             "twinspark_tls_files": twinspark_tls_files,

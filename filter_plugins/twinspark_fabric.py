@@ -25,16 +25,24 @@ def twinspark_fabric_link_problems(results, mtu, host, peer):
     return [message for message in messages if message]
 
 
-def twinspark_fabric_ping_problems(results, mtu, host, peer, peer_plan):
-    """The registered loop results of the DF pings (item = {name, address}, index = position) -> one message per
-    failed ping; skipped pings (no peer in the run) are not failures."""
+def twinspark_fabric_ping_targets(peers, plan, all_hostvars):
+    """Every ping this node makes ({peer, name, address}): each of its interfaces to the same one of every peer in the
+    run (links.ping_targets), e.g. spark_fabric_peers | twinspark_fabric_ping_targets(spark_fabric_plan, hostvars)."""
+    plans = {str(peer): all_hostvars[peer].get("spark_fabric_plan") if peer in all_hostvars else None
+             for peer in peers}
+    return links.ping_targets([str(peer) for peer in peers], list(plan), plans)
+
+
+def twinspark_fabric_target_problems(results, mtu, host):
+    """The registered loop results of the DF pings over twinspark_fabric_ping_targets -> one message per failed
+    ping, naming the peer and its address."""
     messages = []
     for result in results.get("results", []):
         if result.get("skipped"):
             continue
-        peer_address = str(peer_plan[int(result["index"])]["address"])
+        item = result["item"]
         output = "\n".join([result.get("stdout", ""), result.get("stderr", "")])
-        message = links.ping_problem(str(result["item"]["name"]), str(host), str(peer), peer_address, int(mtu),
+        message = links.ping_problem(str(item["name"]), str(host), str(item["peer"]), str(item["address"]), int(mtu),
                                      int(result.get("rc", 1)), output)
         if message:
             messages.append(message)
@@ -58,7 +66,8 @@ class FilterModule:
         return {
             "twinspark_fabric_link_problem": twinspark_fabric_link_problem,
             "twinspark_fabric_link_problems": twinspark_fabric_link_problems,
-            "twinspark_fabric_ping_problems": twinspark_fabric_ping_problems,
+            "twinspark_fabric_ping_targets": twinspark_fabric_ping_targets,
+            "twinspark_fabric_target_problems": twinspark_fabric_target_problems,
             "twinspark_fabric_needs_apply": twinspark_fabric_needs_apply,
             "twinspark_fabric_ping_payload": twinspark_fabric_ping_payload,
         }

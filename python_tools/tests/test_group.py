@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from twinspark import group, inventory, recipe
+from twinspark.fabric import links
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "recorded_before_recipes.json").read_text())
@@ -174,3 +175,58 @@ def test_validation_reads_the_pair_as_the_group_of_two_before_any_host(changes, 
         assert found == []
     else:
         assert any(wanted in line for line in found), found
+
+
+def test_a_nodes_fabric_peers_are_its_groups_other_nodes_in_rank_order_or_its_pairs_other_node():
+    host_vars = {f"n{i}": {"twinspark_rank": rank} for i, rank in enumerate((2, 0, 3, 1))}
+    groups = {group.GROUP_GROUP: ["n0", "n1", "n2", "n3"]}
+    assert group.fabric_peers("n1", groups, host_vars) == ["n3", "n0", "n2"]  # ranks 1, 2, 3
+    assert group.fabric_peers("n0", groups, host_vars) == ["n1", "n3", "n2"]
+    # a pair's node: the other one
+    assert group.fabric_peers("head", {}, {}, ["head", "worker"]) == ["worker"]
+
+
+def test_every_node_pings_the_same_interface_of_every_peer_in_the_run():
+    plan = [{"name": "ic0", "address": "10.77.0.1"}, {"name": "ic1", "address": "10.77.1.1"}]
+    plans = {"b": [{"name": "ic0", "address": "10.77.0.2"}, {"name": "ic1", "address": "10.77.1.2"}],
+             "c": [{"name": "ic0", "address": "10.77.0.3"}],
+             "d": None}  # not in this run
+    assert links.ping_targets(["b", "c", "d"], plan, plans) == [
+        {"peer": "b", "name": "ic0", "address": "10.77.0.2"}, {"peer": "b", "name": "ic1", "address": "10.77.1.2"},
+        {"peer": "c", "name": "ic0", "address": "10.77.0.3"}]
+    assert links.ping_targets([], plan, {}) == []
+
+
+def _group_inventory(count: int, **first) -> tuple[dict, dict]:
+    """The simulated group's inventory as scripts/sim/group-inventory.py writes it, with rank 0's changes."""
+    names = [f"node{i}" for i in range(1, count + 1)]
+    host_vars = {name: {"twinspark_profile": "cpu", "twinspark_rank": i, "twinspark_fabric_address": f"10.77.0.{i + 1}"}
+                 for i, name in enumerate(names)}
+    host_vars["node1"].update({"twinspark_topology": {1: "single", 2: "direct"}.get(count, "switch"),
+                               "twinspark_tensor_parallel": count, **first})
+    return host_vars, {"all": names, group.GROUP_GROUP: names}
+
+
+@pytest.mark.parametrize(("count", "first", "wanted"), [
+    (4, {}, None),
+    (1, {}, None),
+    (3, {"twinspark_topology": "ring"}, "ring takes 4-8 node(s)"),
+    (4, {"twinspark_tensor_parallel": 3}, "is 3 x 1 = 3, but the group has 4 node(s)"),
+])
+def test_playbooks_fabric_judges_a_group_before_any_host(count, first, wanted):
+    """playbooks/fabric.yml's first play (filter twinspark_group_problems) on the simulated group's inventory."""
+    host_vars, groups = _group_inventory(count, **first)
+    found = _filters().twinspark_group_problems(host_vars, groups)
+    if wanted is None:
+        assert found == []
+    else:
+        assert any(wanted in line for line in found), found
+
+
+def test_the_filter_gives_a_group_node_every_other_node_and_a_pair_node_its_peer():
+    filters = _filters()
+    host_vars, groups = _group_inventory(4)
+    assert filters.twinspark_fabric_peers("node3", groups, host_vars) == ["node1", "node2", "node4"]
+    pair_vars, pair_groups = inventory.read_hosts(ROOT / "inventory" / "sim")
+    assert filters.twinspark_group_problems(pair_vars, pair_groups) == []  # a pair's inventory has no group
+    assert filters.twinspark_fabric_peers("node1", pair_groups, pair_vars) == ["node2"]

@@ -42,6 +42,10 @@ PP_VAR = "twinspark_pipeline_parallel"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 # The inventory variables a group reads (not knobs: nothing of them reaches an env file).
 GROUP_VARS = frozenset({RANK_VAR, TOPOLOGY_VAR, LINKS_VAR, TP_VAR, PP_VAR})
+# The inventory group of a group other than a pair (docs/GROUPS.md): every node, each with its twinspark_rank. Only
+# the plays that already take N nodes (playbooks/fabric.yml) run on it; the pair's groups are twinspark_head and
+# twinspark_worker.
+GROUP_GROUP = "twinspark_group"
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
 TOPOLOGIES = ("single", "direct", "switch", "mesh", "ring")
@@ -364,3 +368,14 @@ def fabric_plan(group: Group, network: str = DEFAULT_FABRIC_NETWORK) -> dict[str
             plan[link.a].append({"port": link.a_port, "twin": twin, "address": address(subnet, 1), "peer": link.b})
             plan[link.b].append({"port": link.b_port, "twin": twin, "address": address(subnet, 2), "peer": link.a})
     return plan
+
+
+def fabric_peers(host: str, groups: Mapping[str, Sequence[str]], host_vars: Mapping[str, Mapping[str, Any]],
+                 pair_hosts: Sequence[str] = ()) -> list[str]:
+    """The nodes `host`'s fabric links reach, in rank order: the other members of its group (inventory group
+    twinspark_group) when it is in one, else the other node of its pair (`pair_hosts`)."""
+    members = list(_members(groups, GROUP_GROUP))
+    if host in members:
+        return [node for node in read(GROUP_GROUP, members, host_vars, groups).ranks if node != host]
+    return [node for node in pair_hosts if node != host]
+

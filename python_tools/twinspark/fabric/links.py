@@ -8,7 +8,7 @@ so a failed run says which end of which cable to look at.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 MISSING = "missing"
@@ -145,3 +145,20 @@ def ping_problem(interface: str, host: str, peer: str, peer_address: str, mtu: i
         f"({peer_address}) failed ({said}). Both ends and everything between must carry MTU {mtu}: check "
         f"spark_fabric_mtu and `ip link show` on {peer}"
     )
+
+
+def ping_targets(peers: Sequence[str], plan: Sequence[Mapping[str, object]],
+                 peer_plans: Mapping[str, Sequence[Mapping[str, object]] | None]) -> list[dict[str, object]]:
+    """Every don't-fragment ping a node makes: from each of its fabric interfaces (`plan`, in port order) to the same
+    interface of every peer whose plan is known (`peer_plans`; None: the peer is not in this run). On a pair the
+    one peer; through a switch every other node, port for port."""
+    targets: list[dict[str, object]] = []
+    for peer in peers:
+        theirs = peer_plans.get(peer)
+        if not theirs:
+            continue
+        for index, interface in enumerate(plan):
+            if index < len(theirs):
+                targets.append({"peer": peer, "name": interface["name"], "address": theirs[index]["address"]})
+    return targets
+

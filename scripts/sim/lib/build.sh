@@ -26,6 +26,7 @@ pair_is_running() {
   ip route show type blackhole | grep -q "^blackhole $IC_PREFIX.0/24" || return 1
   ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
   ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
+  if switched; then ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1 || return 1; fi
   for n in "${NODES[@]}"; do
     launcher_pid "$n" >/dev/null || return 1
     ip link show "$(host_veth "$n")" >/dev/null 2>&1 || return 1
@@ -67,6 +68,18 @@ network_up() {
     ip -n "$a" link set ic0 up
     ip -n "$b" link set ic0 up
   done
+  # A group of three or more: every node's ic0 into the simulated switch, which carries jumbo frames (the role makes
+  # each ic0 MTU 9000). No address here: this machine is not on the fabric.
+  if switched; then
+    ip link add "$FABRIC_BRIDGE" mtu 9000 type bridge
+    ip link set "$FABRIC_BRIDGE" up
+    for n in "${NODES[@]}"; do
+      v=$(fabric_veth "$n")
+      ip link add "$v" mtu 9000 type veth peer name ic0 netns "$n"
+      ip link set "$v" master "$FABRIC_BRIDGE" up
+      ip -n "$n" link set ic0 up
+    done
+  fi
   ip link add "$BRIDGE" type bridge
   ip addr add "$HOST_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up

@@ -34,6 +34,24 @@ done
 unset pair_index
 ROUTER_NODE=""
 if [ -n "$FLEET" ]; then ROUTER_NODE=node$((2 * SIM_PAIRS + 1)); NODES+=("$ROUTER_NODE"); fi
+# TWINSPARK_SIM_GROUP=N (`make sim-group NODES=N`, 1 to 8): one group of N nodes instead (docs/GROUPS.md),
+# node1..nodeN. Two are cabled by ic0 as the pair is; three or more each hang their ic0 off FABRIC_BRIDGE, the
+# simulated QSFP switch (a bridge with no address on this machine); one node has no fabric at all.
+SIM_GROUP=${TWINSPARK_SIM_GROUP:-}
+FABRIC_BRIDGE=tsfab0
+MAX_SIM_GROUP=8
+if [ -n "$SIM_GROUP" ]; then
+  [ -z "$FLEET" ] || { echo "TWINSPARK_SIM_GROUP and TWINSPARK_SIM_FLEET build different layouts: set one" >&2; exit 2; }
+  [[ $SIM_GROUP =~ ^[1-9]$ ]] && [ "$SIM_GROUP" -le "$MAX_SIM_GROUP" ] || {
+    echo "TWINSPARK_SIM_GROUP=$SIM_GROUP: use a node count from 1 to $MAX_SIM_GROUP (make sim-group NODES=4)" >&2; exit 2; }
+  NODES=() PAIRS=()
+  for ((node_number = 1; node_number <= SIM_GROUP; node_number++)); do NODES+=("node$node_number"); done
+  unset node_number
+  [ "$SIM_GROUP" != 2 ] || PAIRS=("node1 node2")
+fi
+# Whether the nodes' ic0 hang off the simulated switch (a group of three or more).
+switched() { [ -n "$SIM_GROUP" ] && [ "$SIM_GROUP" -ge 3 ]; }
+fabric_veth() { echo "tsf-$1"; }
 # Every node any layout may have built: this layout's, plus any other node whose disk or PID file is still here
 # (another number of pairs, the fleet after the pair): `down` stops and removes all of them, whichever layout is
 # asked for.

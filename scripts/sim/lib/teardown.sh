@@ -49,6 +49,7 @@ remove_node_traces() {
   # Delete veths before the namespace: netns deletion frees them asynchronously, and a rebuild right after would
   # find the old names ("File exists").
   ip link del "$(host_veth "$n")" 2>/dev/null || true
+  ip link del "$(fabric_veth "$n")" 2>/dev/null || true
   if [ -e "/run/netns/$n" ]; then
     ip -n "$n" link del ic0 2>/dev/null || true
     ip netns del "$n" 2>/dev/null || true
@@ -85,6 +86,7 @@ teardown() {
   stop_apt_cache
   stop_alert_receiver
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
+  if ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1; then ip link del "$FABRIC_BRIDGE"; fi
   # The safety net's blackhole routes stay (see safety_net in common.sh): with the bridge gone they are what keeps
   # a late packet for a simulated address on this machine.
   if [ "$purge" = --purge ]; then
