@@ -127,7 +127,7 @@ def render(name, **values):
                 "router_admin_key_file": "/etc/twinspark-router/admin.key"}
     role_defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     for key in ("router_front_max_connections", "router_front_max_per_source", "router_firewall_watcher",
-                "router_firewall_watch_interval_s"):
+                "router_firewall_watch_interval_s", "router_system_python"):
         defaults[key] = role_defaults[key]
     return env.get_template(name + ".j2").render(**{**defaults, **values})
 
@@ -158,6 +158,7 @@ def test_the_router_unit_needs_the_key_check_and_lists_every_pair():
 def test_the_key_check_unit_is_loopback_only_and_never_holds_the_key():
     unit = render("twinspark-router-keycheck.service")
     argv = exec_start(unit)
+    assert argv[:4] == ["/usr/bin/python3", "-I", "/opt/twinspark-router/routerlaunch.py", "keycheck"]
     assert argv[argv.index("--listen") + 1] == "127.0.0.1:30099"
     # client keys and the admin key: defence in depth behind the front
     assert [argv[i + 1] for i, word in enumerate(argv) if word == "--key-file"] == [
@@ -189,7 +190,8 @@ def test_the_role_never_restarts_the_key_checks_socket_with_the_router():
 def test_the_front_listens_where_clients_connect_and_forwards_to_the_router_on_loopback():
     unit = render("twinspark-router-front.service")
     argv = exec_start(unit)
-    assert argv[:4] == ["/opt/twinspark-router/venv/bin/python", "-I", "/opt/twinspark-router/routerlaunch.py", "front"]
+    # the system's Python, not the router's venv: the front holds both keys and imports the standard library only
+    assert argv[:4] == ["/usr/bin/python3", "-I", "/opt/twinspark-router/routerlaunch.py", "front"]
     assert argv[argv.index("--listen") + 1] == "0.0.0.0:30000"
     assert argv[argv.index("--upstream") + 1] == "127.0.0.1:30001"
     assert argv[argv.index("--client-key-file") + 1] == "/etc/twinspark-router/router.key"
