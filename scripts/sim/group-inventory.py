@@ -29,8 +29,8 @@ def hosts_yml(count: int) -> str:
     lines = [
         "---",
         f"# A simulated group of {count} node(s) built by scripts/sim (TWINSPARK_SIM_GROUP={count}), written by",
-        "# scripts/sim/group-inventory.py. Management over tsbr0 (10.78.0.0/24); fabric ic0 (10.77.0.0/24), through the",
-        "# simulated switch tsfab0 for three nodes or more.",
+        "# scripts/sim/group-inventory.py. Management over tsbr0 (10.78.0.0/24); fabric ic0 (10.77.0.0/24),",
+        "# through the simulated switch tsfab0 for three nodes or more.",
         "all:",
         "  children:",
         "    twinspark_group:",

@@ -244,3 +244,14 @@ cgroup_pids() {  # every PID in a cgroup tree
 # Every harness command (up, down, status, nx, reboot-node, demo, wheelhouse) sources this file: the safety net is in
 # place before any of them does anything else.
 if [ "$(id -u)" = 0 ]; then safety_net; fi
+node_pss_mib() {  # the summed PSS of every process in the node's cgroups, MiB
+  local root pid sum=0 kb
+  for root in $(node_cgroup_roots "$1"); do
+    for pid in $(cgroup_pids "$root"); do
+      kb=$(awk '/^Pss:/ { print $2 }' "/proc/$pid/smaps_rollup" 2>/dev/null) || kb=0
+      sum=$(( sum + ${kb:-0} ))
+    done
+    break  # one hierarchy holds every process; the second would count them twice
+  done
+  echo $(( sum / 1024 ))
+}
