@@ -50,8 +50,9 @@ def evaluator(source):
     }
     fabric_check = loader.load_from_file(str(ROOT / "playbooks/fabric-check.yml"), trusted_as_template=True)
     play_vars = {**fabric_check[0]["vars"], "fabric_check_worker": fabric_check[1]["vars"]["fabric_check_worker"]}
-    peer = _task_expression("roles/spark_fabric/tasks/plan.yml", "Record this node's fabric plan, so its peer can "
-                            "read it", "spark_fabric_peer")
+    peers = _task_expression("roles/spark_fabric/tasks/plan.yml", "Record this node's fabric plan, so its peers can "
+                             "read it", "spark_fabric_peers")
+    peer = peers.replace("}}", "| first | default('') }}")  # a pair's node: its one peer
 
     def evaluate(host, expression):
         host_vars = variables.get_vars(host=inventory.get_host(host))

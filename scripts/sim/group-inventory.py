@@ -3,10 +3,10 @@
 
     python3 scripts/sim/group-inventory.py N [--write DIR]
 
-Nodes node1..nodeN in inventory group twinspark_group (docs/GROUPS.md), ranks 0..N-1 in that order, the switch
-topology for three or more (one node: single; two: direct), TP = N. Addresses are the harness's: management
-10.78.0.<n>, fabric 10.77.0.<n>. With --write DIR it writes DIR/hosts.yml and links DIR/group_vars/all to
-inventory/sim/group_vars/all (the fabric and serving settings of the simulated pair).
+Nodes node1..nodeN in inventory group twinspark_group, under twinspark_pair (docs/GROUPS.md), ranks 0..N-1 in
+that order, the switch topology for three or more (one node: single; two: direct), TP = N. Addresses are the
+harness's: management 10.78.0.<n>, fabric 10.77.0.<n>. With --write DIR it writes DIR/hosts.yml and links
+DIR/group_vars/all to inventory/sim/group_vars/all (the fabric and serving settings of the simulated pair).
 """
 
 from __future__ import annotations
@@ -33,22 +33,24 @@ def hosts_yml(count: int) -> str:
         "# through the simulated switch tsfab0 for three nodes or more.",
         "all:",
         "  children:",
-        "    twinspark_group:",
+        "    twinspark_pair:",
         "      vars:",
         "        ansible_user: root",
         "        ansible_ssh_private_key_file: /var/tmp/twinspark-sim/ssh/id_ed25519",
         "        ansible_ssh_common_args: -F /var/tmp/twinspark-sim/ssh/config -o StrictHostKeyChecking=no "
         "-o UserKnownHostsFile=/dev/null",
-        "      hosts:",
+        "      children:",
+        "        twinspark_group:",
+        "          hosts:",
     ]
     for index in range(1, count + 1):
-        lines += [f"        node{index}:",
-                  f"          ansible_host: {MGMT}.{index}",
-                  f"          twinspark_fabric_address: {FABRIC}.{index}",
-                  f"          twinspark_rank: {index - 1}"]
+        lines += [f"            node{index}:",
+                  f"              ansible_host: {MGMT}.{index}",
+                  f"              twinspark_fabric_address: {FABRIC}.{index}",
+                  f"              twinspark_rank: {index - 1}"]
         if index == 1:
-            lines += [f"          twinspark_topology: {topology(count)}",
-                      f"          twinspark_tensor_parallel: {count}"]
+            lines += [f"              twinspark_topology: {topology(count)}",
+                      f"              twinspark_tensor_parallel: {count}"]
     return "\n".join(lines) + "\n"
 
 
