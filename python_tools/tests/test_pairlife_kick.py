@@ -9,6 +9,7 @@ import os
 import select
 import shutil
 import socket
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -284,6 +285,9 @@ def test_a_watch_of_a_process_already_gone_kicks_at_once(kick_socket, monkeypatc
                      "--watch-pid", str(gone.pid)]) == 0
     assert kick_socket.recvfrom(512)[0] == KICK_TOKEN
     assert "main process" in capsys.readouterr().err
+    # The watch ignored SIGTERM only while it watched: left ignored, every process this one starts afterwards would
+    # inherit the ignore (a test's terminate() of its child then hung until its timeout).
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_a_watch_that_cannot_watch_says_so_and_sends_nothing(kick_socket, monkeypatch, capsys):

@@ -813,7 +813,10 @@ def watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool, 
         if os.fork() > 0:
             return 0
         os.setsid()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ignored while it watches; a watch that runs in its caller's process (no --detach) gives the caller its own
+    # handling back when it returns, as a process started afterwards would inherit the ignore (systemd-socket-activate
+    # and Popen children keep ignored signals across exec).
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     code = 0
     try:
         seen = wait_exit(pid)
@@ -832,6 +835,7 @@ def watch_then_kick(pid: int, targets: Sequence[tuple[str, int]], detach: bool, 
         if detach:
             sys.stderr.flush()
             os._exit(code)
+        signal.signal(signal.SIGTERM, previous)
     return code
 
 
