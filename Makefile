@@ -37,11 +37,12 @@ lint: setup
 # Every core: one test file per worker at a time (--dist loadfile), so a file's module fixtures (a role run on
 # localhost, the vLLM parser venv) are built once; PYTEST_WORKERS=0 runs in one process. The files with the most
 # `slow`-marked seconds are handed out first (tests/conftest.py; --no-loadscope-reorder keeps that order), so the
-# workers finish together. `make unit-fast` leaves the slow tests out, for a quick round; `make test` runs them all.
+# workers finish together. `make unit-fast` leaves the slow tests out, for a quick round; `make test` runs them all
+# and lists its 15 slowest steps (what to look at when it grows).
 PYTEST_WORKERS ?= auto
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 unit: setup
-	cd python_tools && pytest -q $(PYTEST_XDIST)
+	cd python_tools && pytest -q --durations=15 $(PYTEST_XDIST)
 
 unit-fast: setup
 	cd python_tools && pytest -q -m "not slow" $(PYTEST_XDIST)
