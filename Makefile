@@ -100,7 +100,7 @@ sim-upgrade: setup
 
 # Recipe switches on a converged simulated pair (make demo first; docs/RECIPES.md "Switching recipes"): a recipe whose
 # model cannot load goes back to tiny-llama, the switch to tiny-qwen3 under a client loop (failed requests counted),
-# and back. About 5 minutes; CI runs the same as the last step of sim-test's faults.
+# and back. About 5 minutes; CI's sim-test runs the first switch only (molecule/default/recipe_broken.yml).
 sim-recipe: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH flock -w 3600 /var/tmp/twinspark-sim.lock timeout 2400 ansible-playbook -i inventory/sim molecule/default/recipe_smoke.yml
 
