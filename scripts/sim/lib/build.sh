@@ -252,6 +252,25 @@ boot_nodes() {
   for n in "${NODES[@]}"; do wait_node_ssh "$n"; done
 }
 
+# Fresh nodes have no package lists, so the first play that installs a package ran `apt-get update` on every node at
+# once. apt-cacher-ng then refreshed the same InRelease for several nodes in one second, failed to move the old copy
+# aside ("File exists" in its apt-cacher.err), and the apt of one node waited on the broken answer with no end: a
+# fleet converge sat 19 minutes in it (apt's own Acquire::http::Timeout did not end the wait). One node after the
+# other here, bounded and retried, fills the lists and the cache before any play; the roles' apt tasks then find
+# lists younger than their cache_valid_time and do not update again.
+apt_lists() {
+  local n try
+  for n in "${NODES[@]}"; do
+    for try in 1 2 3; do
+      if SSH_TIMEOUT=150 node_ssh "$n" timeout 120 apt-get update -q >>"$SIM_DIR/logs/apt-lists.log" 2>&1; then
+        break
+      fi
+      [ "$try" -lt 3 ] || die "$n: apt-get update through the apt cache failed 3 times; see $SIM_DIR/logs/apt-lists.log"
+      log "$n: apt-get update failed (try $try of 3); trying again"
+    done
+  done
+}
+
 build_tiny_model() {
   # One folder per simulated recipe (python_tools/twinspark/recipes/tiny-*.yml): the Llama and the Qwen3.
   local venv=$SIM_DIR/tools-venv arch model
