@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import select
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
