@@ -76,6 +76,9 @@ def gb10_expected(rank: int, master: str = "192.0.2.1", flavour: str = "stock") 
         "--max-cudagraph-capture-size", "36",
         "--speculative-config", '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}',
         "--default-chat-template-kwargs", '{"thinking":true,"reasoning_effort":"low"}',
+        # gb10's first-boot budget, 3600 s, less its 300 s margin: NCCL's and gloo's process groups wait as long as
+        # vLLM's engine-ready timeout (gloo's own 1800 s default killed ranks whose first boots differed by more).
+        "--distributed-timeout-seconds", "3300", "--cpu-distributed-timeout-seconds", "3300",
     ]
 
 
@@ -147,6 +150,7 @@ def test_cpu_argv_serves_the_tiny_model_with_the_same_multinode_flags(tmp_path, 
         "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "192.0.2.1", "--master-port", "25000",
         "--host", "0.0.0.0", "--port", "8888", "--max-model-len", "512", "--enforce-eager",
         "--served-model-name", "tiny", "--dtype", "float32", *(["--headless"] if rank == 1 else []),
+        "--distributed-timeout-seconds", "540", "--cpu-distributed-timeout-seconds", "540",  # cpu's budget 600 s
     ]
     assert shown["env"]["VLLM_CPU_OMP_THREADS_BIND"] == str(rank)
     assert shown["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
@@ -398,7 +402,8 @@ def test_serve_execs_vllm_with_the_built_argv_and_a_clean_environment(tmp_path):
     assert not marker.exists(), f"planted code ran: {marker.read_text()}"
     got = json.loads(record.read_text())
     assert got["argv"][:3] == ["vllm", "serve", "/var/lib/twinspark/models/tiny-llama"]
-    assert got["argv"][-1] == "--headless"
+    assert got["argv"][-5:] == ["--headless", "--distributed-timeout-seconds", "540",
+                                "--cpu-distributed-timeout-seconds", "540"]
     assert "VLLM_PORT" not in got["env"] and "MAX_NUM_SEQS" not in got["env"]
     assert got["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert got["env"]["VLLM_HOST_IP"] == "192.0.2.2"

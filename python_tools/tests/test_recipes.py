@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import cli, envfile, nodeenv, recipe, settings, validate
+from twinspark import budget, cli, envfile, nodeenv, recipe, settings, validate
 
 REPO = Path(__file__).resolve().parents[2]
 # Recorded at commit 85dc2ad, before recipes existed: every default env (both profiles, both ranks, both runtime
@@ -50,7 +50,10 @@ def test_no_recipe_set_serves_exactly_what_was_served_before_recipes(tmp_path, c
     path.write_text("".join(f"{k}={envfile.quote(v)}\n" for k, v in {**serve, **secrets}.items()))
     path.chmod(0o600)
     shown = _dry_run(path)
-    assert shown["argv"] == before["dry_run"]["argv"]
+    # One deliberate addition since the recording: the process groups' timeouts from the first-boot budget, last.
+    timeouts = budget.vllm_args(profile, budget.first_boot_timers(profile, serve[budget.BUDGET_ENV])["budget_s"])
+    assert shown["argv"][-len(timeouts):] == timeouts
+    assert shown["argv"][:-len(timeouts)] == before["dry_run"]["argv"]
     assert shown["env"] == before["dry_run"]["env"]
     # The launcher keeps its own knobs out of vLLM's environment: TWINSPARK_RECIPE and the group's size and layout
     # (absent on a pair) join them.

@@ -47,6 +47,8 @@ TIMERS = (
     ("budget_s", f"{BUDGET_ENV} in serve.env ({BUDGET_VAR})"),
     ("vllm_engine_ready_timeout_s", f"vLLM's {ENGINE_READY_ENV} (the launcher sets it)"),
     ("vllm_execute_model_timeout_s", f"vLLM's {EXECUTE_MODEL_ENV} (the launcher sets it)"),
+    ("vllm_distributed_timeout_s", "vLLM's --distributed-timeout-seconds and --cpu-distributed-timeout-seconds (the "
+     "launcher passes them; gloo's own default, 1800 s, killed ranks whose first boot outlasted a peer's by more)"),
     ("unit_start_timeout_s", "TimeoutStartSec= of the rank unit (vllm_service_start_timeout_s)"),
     ("ready_wait_s", "the role's readiness wait (vllm_service_ready_timeout_s) and the guard's --ready-timeout"),
     ("guard_startup_grace_s", "the guard's --startup-grace (a younger head that is not ready is starting)"),
@@ -80,6 +82,10 @@ def first_boot_timers(profile: str, budget_s: int | str) -> dict[str, int]:
         # One step of the model may itself JIT a kernel the first time a shape is seen (the DSpark runbook's 1800 s on
         # gb10), so half the budget; still below the engine-ready wait, so a frozen collective ends first.
         "vllm_execute_model_timeout_s": budget // 2,
+        # A rank done with its first boot waits in a collective for the slowest peer's (NCCL's and gloo's process
+        # groups): as long as vLLM itself waits for the engine. A rank that dies or freezes later is the guard's
+        # (seconds) and the execute-model timeout's, not this wait's.
+        "vllm_distributed_timeout_s": engine_ready,
         # Type=exec: the start job ends once the launcher runs; never shorter than vLLM's own wait all the same.
         "unit_start_timeout_s": budget,
         "ready_wait_s": budget,
@@ -99,6 +105,8 @@ def problems(timers: Mapping[str, int]) -> list[str]:
          "the role's readiness wait must cover vLLM's engine-ready timeout plus the margin"),
         (t["vllm_execute_model_timeout_s"] < t["vllm_engine_ready_timeout_s"],
          "vLLM's execute-model timeout must stay below its engine-ready timeout"),
+        (t["vllm_distributed_timeout_s"] >= t["vllm_engine_ready_timeout_s"],
+         "vLLM's distributed timeouts must cover its engine-ready timeout (a peer's first boot may take that long)"),
         (t["guard_startup_grace_s"] >= t["vllm_engine_ready_timeout_s"],
          "the guard's startup grace must cover vLLM's engine-ready timeout"),
         (t["guard_run_timeout_s"] >= t["ready_wait_s"] + GUARD_RUN_EXTRA_S,
@@ -114,6 +122,16 @@ def vllm_env(profile: str, budget_s: int | str) -> dict[str, str]:
     timers = first_boot_timers(profile, budget_s)
     return {ENGINE_READY_ENV: str(timers["vllm_engine_ready_timeout_s"]),
             EXECUTE_MODEL_ENV: str(timers["vllm_execute_model_timeout_s"])}
+
+
+# vLLM's flags for its process groups' timeouts (vllm/config/parallel.py, ParallelConfig): NCCL's and gloo's.
+DISTRIBUTED_TIMEOUT_FLAGS = ("--distributed-timeout-seconds", "--cpu-distributed-timeout-seconds")
+
+
+def vllm_args(profile: str, budget_s: int | str) -> list[str]:
+    """The flags the launcher adds to vLLM's argv: both process groups wait as long as the engine-ready timeout."""
+    seconds = str(first_boot_timers(profile, budget_s)["vllm_distributed_timeout_s"])
+    return [word for flag in DISTRIBUTED_TIMEOUT_FLAGS for word in (flag, seconds)]
 
 
 def table(profiles_budgets: Mapping[str, int]) -> list[str]:

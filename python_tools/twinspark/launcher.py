@@ -163,10 +163,10 @@ def build_command(
                 argv.append(knob.arg)
         elif value != "":
             argv += [knob.arg, value, *knob.with_args]
-    if values.get("NODE_RANK", "0") != "0":
-        argv.append("--headless")  # every rank but 0: only rank 0 serves the API
     flavour = values.get("TWINSPARK_RUNTIME_FLAVOUR", "stock")
     chosen = values.get(recipe.RECIPE_ENV) or None  # validated: a recipe of this profile; None: its default
+    if values.get("NODE_RANK", "0") != "0":
+        argv.append("--headless")  # every rank but 0: only rank 0 serves the API
     argv += recipe.fixed_args(profile, flavour, chosen, registry)[len(registry.common_args):]
     if "MTP_NUM_TOKENS" in values:
         mtp = int(values["MTP_NUM_TOKENS"])
@@ -177,6 +177,12 @@ def build_command(
         argv += ["--speculative-config", ngram_speculative_config(int(values["NGRAM_NUM_TOKENS"]))]
     if "DEFAULT_THINKING" in values:
         argv += ["--default-chat-template-kwargs", chat_template_kwargs(values["DEFAULT_THINKING"])]
+    # vLLM's start-up waits, derived from the pair's one first-boot budget (twinspark/budget.py): its process groups'
+    # timeouts last in argv (a group of one has none to wait for), its engine-ready and execute-model timeouts in the
+    # environment below.
+    first_boot = values.get(budget.BUDGET_ENV) or recipe.knob_default(budget.BUDGET_ENV, profile, chosen, registry)
+    if size > 1:
+        argv += budget.vllm_args(profile, first_boot or "")
     env: dict[str, str] = dict(others or {})
     for knob in registry.knobs:
         value = values.get(knob.env)
@@ -186,8 +192,6 @@ def build_command(
     if values.get(USAGE_STATS_ENV) == "1":  # the operator lets vLLM report usage: drop the fixed opt-outs
         for name in TELEMETRY_OFF:
             env.pop(name, None)
-    # vLLM's own start-up waits, derived from the pair's one first-boot budget (twinspark/budget.py).
-    first_boot = values.get(budget.BUDGET_ENV) or recipe.knob_default(budget.BUDGET_ENV, profile, chosen, registry)
     env.update(budget.vllm_env(profile, first_boot or ""))
     unset = sorted(k.env for k in registry.knobs if k.env not in env)
     unset += [name for name in TELEMETRY_OFF if name not in env]  # not even an inherited opt-out, when allowed
