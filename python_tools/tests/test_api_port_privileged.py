@@ -84,12 +84,13 @@ def test_in_a_namespace_only_the_capability_binds_the_api_port(tmp_path):
     script = f"""
     set -e
     ip link set lo up
+    HOLD='import socket, time; s = socket.socket(); s.bind(("0.0.0.0", 8888)); s.listen(); time.sleep(30)'
     echo "before: $({nobody} {SYSTEM_PYTHON} -I - 8888 < {bind})"
     sysctl -q -p {conf}
     echo "nobody 8888: $({nobody} {SYSTEM_PYTHON} -I - 8888 < {bind})"
     echo "nobody 8889: $({nobody} {SYSTEM_PYTHON} -I - 8889 < {bind})"
     echo "capable 8888: $({capable} {SYSTEM_PYTHON} -I - 8888 < {bind})"
-    {capable} {SYSTEM_PYTHON} -I -c 'import socket,time; s=socket.socket(); s.bind(("0.0.0.0", 8888)); s.listen(); time.sleep(30)' &
+    {capable} {SYSTEM_PYTHON} -I -c "$HOLD" &
     holder=$!
     for _ in $(seq 50); do ss -Hltn 'sport = :8888' | grep -q . && break; sleep 0.1; done
     echo "nobody 8888 while held: $({nobody} {SYSTEM_PYTHON} -I - 8888 < {bind})"

@@ -82,8 +82,9 @@ def test_vllm_unit_keys_sys_path_and_firewall(rendered, profile):
         assert "StateDirectory=" not in unit
     # The head's rank holds one capability, to listen on the API port the head makes privileged (issue 43 row 2);
     # the worker's rank, which serves no API, holds none.
-    assert re.findall(r"^(?:CapabilityBoundingSet|AmbientCapabilities)=(.*)$", head, re.M) == ["CAP_NET_BIND_SERVICE"] * 2
-    assert re.findall(r"^(?:CapabilityBoundingSet|AmbientCapabilities)=(.*)$", worker, re.M) == ["", ""]
+    capabilities = r"^(?:CapabilityBoundingSet|AmbientCapabilities)=(.*)$"
+    assert re.findall(capabilities, head, re.M) == ["CAP_NET_BIND_SERVICE"] * 2
+    assert re.findall(capabilities, worker, re.M) == ["", ""]
     assert "LoadCredential=secrets.env:" in head and "%d/secrets.env" in head
     assert "LoadCredential" not in worker and "secrets.env" not in re.search(r"^ExecStart=.*$", worker, re.M).group(0)
 

@@ -180,7 +180,7 @@ def test_the_head_moves_only_model_ports_and_host_and_carries_no_key(tmp_path, c
 def test_the_worker_keeps_its_host_and_headless(tmp_path, capsys):
     shown = launcher_dry_run(tmp_path, capsys, 1)
     rank = yardstick.scratch_rank(shown, "/scratch/model", 18888, 25100, headless=True)
-    assert rank.argv[-1] == "--headless"
+    assert "--headless" in rank.argv and rank.argv.count("--headless") == 1
     assert rank.argv[rank.argv.index("--host") + 1] == shown["argv"][shown["argv"].index("--host") + 1]
     assert rank.argv[rank.argv.index("--master-port") + 1] == "25100"
 
