@@ -363,3 +363,72 @@ def test_real_nft_only_the_front_reaches_the_router_and_only_the_router_its_key_
     assert seen == {"front-30001": "connected", "front-30099": refused, "front-30000": "connected",
                     "router-30001": refused, "router-30099": "connected", "router-30000": "connected",
                     "stranger-30001": refused, "stranger-30099": refused, "stranger-30000": "connected"}, seen
+
+
+def _router_tasks(tasks):
+    """The role's tasks, blocks opened, in order."""
+    for task in tasks:
+        yield task
+        yield from _router_tasks(task.get("block", []))
+
+
+def test_the_routers_venv_gets_exactly_a_locked_wheel_set_by_sha256_and_nothing_resolved():
+    """Issue 43, row 7: vllm-router and its dependencies come from the repository's lock for the host's Python and
+    machine, every wheel checked against its sha256, wheels only, no dependency resolved on the host."""
+    from twinspark.runtime import lock
+
+    tasks = list(_router_tasks(yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())))
+    install = next(t for t in tasks if t["name"].startswith("Install every locked wheel"))
+    argv = install["ansible.builtin.command"]["argv"]
+    for flag in ("'--require-hashes'", "'--only-binary', ':all:'", "'--no-deps'", "['-r', router_lock_file]"):
+        assert flag in argv, flag
+    assert "vllm-router==" not in argv, "a name to resolve, not the lock"
+    # The lock's name the role computes from the host's `import sys, platform` line is lock.lock_name's.
+    choose = next(t for t in tasks if t["name"].startswith("Choose the lock of vllm-router"))
+    expression = choose["ansible.builtin.set_fact"]["router_lock"]
+    for stdout, python, machine in (("311 x86_64", "3.11", "x86_64"), ("312 aarch64", "3.12", "aarch64")):
+        name = jinja2.Template(expression).render(router_version="0.1.17",
+                                                  router_host_python={"stdout": stdout})
+        assert name == lock.lock_name("vllm-router", "0.1.17", python, machine)
+    # The repository's locks: the simulated fleet's (Debian 12) and DGX OS's / Ubuntu 24.04's, each holding the
+    # pinned router, every line with a sha256.
+    version = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["router_version"]
+    for python, machine in (("3.11", "x86_64"), ("3.12", "x86_64"), ("3.12", "aarch64")):
+        wheels = lock.read(ROLE / "files" / "locks" / lock.lock_name("vllm-router", version, python, machine))
+        assert ("vllm-router", version) in {(w.name, w.version) for w in wheels}
+        assert all(len(w.sha256) == 64 for w in wheels) and len(wheels) > 10
+
+
+def test_a_host_with_no_lock_is_refused_before_anything_is_installed():
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    names = [t["name"] for t in tasks]
+    refuse = names.index("Refuse a host for which there is no lock")
+    assert refuse < next(i for i, n in enumerate(names) if n.startswith("Install what the router needs"))
+    assert tasks[refuse]["ansible.builtin.assert"]["that"] == "(router_lock_dir ~ '/' ~ router_lock) is file"
+    assert "scripts/lock-runtime vllm-router==" in tasks[refuse]["ansible.builtin.assert"]["fail_msg"]
+
+
+def test_a_failed_install_never_touches_the_venv_in_use():
+    """The new venv is built beside the one in use and swapped in last, only after every wheel installed."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    block = next(t for t in tasks if t["name"].startswith("Install vllm-router from its lock"))["block"]
+    steps = [t["name"] for t in block]
+    assert steps[-1] == "Swap the new venv in" and block[-1]["notify"] == "Restart the router"
+    for task in block[:-1]:
+        assert "{{ router_venv }}.new" in yaml.safe_dump(task) or "router_venv ~ '.new" in yaml.safe_dump(task), task
+
+
+def test_a_lock_kept_outside_the_runtimes_folder_says_how_it_is_installed(tmp_path):
+    from twinspark.runtime import lock
+
+    report = {"pip_version": "x", "environment": {"python_version": "3.11"}, "install": [{
+        "requested": True, "metadata": {"name": "vllm-router", "version": "0.1.17"},
+        "download_info": {"url": "https://files.example/vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl",
+                          "archive_info": {"hashes": {"sha256": "a" * 64}}}}]}
+    (tmp_path / "report.json").write_text(__import__("json").dumps(report))
+    assert lock.main(["vllm-router==0.1.17", "--python", "3.11", "--machine", "x86_64",
+                      "--report", str(tmp_path / "report.json"), "--lock-dir", str(tmp_path / "locks")]) == 0
+    text = (tmp_path / "locks" / "vllm-router-0.1.17-cp311-x86_64.txt").read_text()
+    assert f"--lock-dir {tmp_path / 'locks'}" in text
+    assert "pip install --require-hashes --only-binary :all: --no-deps -r THIS_FILE" in text
+    assert "vllm_runtime role" not in text

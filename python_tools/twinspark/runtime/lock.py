@@ -46,6 +46,9 @@ MACHINES = ("aarch64", "x86_64")
 # pair's Debian 12 has 2.36. A wheel built for a newer glibc would not load on the node.
 GLIBC = {"aarch64": (2, 39), "x86_64": (2, 36)}
 INSTALL = "pip install --require-hashes --only-binary :all: --no-index --no-deps -r THIS_FILE"
+# A lock kept outside LOCK_DIR (the router's, roles/router/files/locks/) is installed straight from it: pip takes each
+# pinned wheel from the index or a --find-links wheelhouse and checks it against the line's sha256.
+INSTALL_FROM_LOCK = "pip install --require-hashes --only-binary :all: --no-deps -r THIS_FILE"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LINE = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)\s+--hash=sha256:(?P<sha256>\S+)"
                    r"\s+#\s*(?P<file>\S+)")
@@ -330,15 +333,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{LOCK_COMMAND}: {error}", file=sys.stderr)
         return 2
     name = lock_name(distribution, version, args.python, args.machine)
+    repository = Path(__file__).resolve().parents[3]
+    lock_dir = Path(args.lock_dir).resolve()
+    elsewhere = lock_dir != (repository / LOCK_DIR).resolve()
+    shown_dir = os.path.relpath(lock_dir, repository) if lock_dir.is_relative_to(repository) else str(lock_dir)
     header = [
         f"{spec} for CPython {args.python} on Linux {args.machine} (manylinux up to glibc {glibc[0]}.{glibc[1]}): "
         f"{len(wheels)} wheels, each with its sha256.",
         f"Made by `{LOCK_COMMAND} {spec} --python {args.python} --machine {args.machine}"
-        + (f" --leave-out {','.join(leave_out)}" if leave_out else "") + f"`, resolved {how} with",
+        + (f" --leave-out {','.join(leave_out)}" if leave_out else "")
+        + (f" --lock-dir {shown_dir}" if elsewhere else "") + f"`, resolved {how} with",
         "`pip install --dry-run --report --only-binary :all: --platform ... --python-version ... --abi ...`, then "
         "walked with the node's markers.",
         "Left out: " + (", ".join(leave_out) if leave_out else "nothing") + ". Edit by making it again, not by hand.",
-        f"The vllm_runtime role installs it with `{INSTALL}`, the requirements naming each wheel here by its path.",
+        (f"The vllm_runtime role installs it with `{INSTALL}`, the requirements naming each wheel here by its path."
+         if not elsewhere else f"Installed with `{INSTALL_FROM_LOCK}`."),
     ]
     out = Path(args.lock_dir) / name
     out.parent.mkdir(parents=True, exist_ok=True)

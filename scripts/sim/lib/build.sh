@@ -59,6 +59,16 @@ network_up() {
     ip netns add "$n"
     ip -n "$n" link set lo up
   done
+  # Rank 0 of each pair or group (a pair's first node; node1 of a group): the ports up to the API port bind only with
+  # CAP_NET_BIND_SERVICE, which that node's rank alone holds (role vllm_service, issue 43 row 2). The setting belongs
+  # to the network namespace, so it outlives the node's reboots, as the boot-time file does on hardware.
+  [[ $SIM_API_PORT =~ ^[0-9]+$ ]] || { log "no twinspark_vllm_port in inventory/sim/group_vars/all/serving.yml"; return 1; }
+  local pair heads=()
+  for pair in "${PAIRS[@]}"; do heads+=("${pair%% *}"); done
+  [ -z "$SIM_GROUP" ] || heads=(node1)
+  for n in "${heads[@]}"; do
+    ip netns exec "$n" sysctl -q -w net.ipv4.ip_unprivileged_port_start=$((SIM_API_PORT + 1))
+  done
   # The interconnect, one per pair: no address and the default MTU; the spark_fabric role makes it 10.77.0.x/24 at
   # MTU 9000. A fleet's pairs each get their own veth (their own namespaces), so they never see each other's fabric.
   local pair a b

@@ -69,6 +69,10 @@ mapfile -t ALL_NODES < <(all_nodes)
 IC_PREFIX=10.77.0          # interconnect ic0: veth straight between the nodes (the spark_fabric role addresses it)
 MGMT_PREFIX=10.78.0        # management mgmt0: one veth per node into the host bridge
 HOST_IP=$MGMT_PREFIX.254
+# The heads' API port (inventory/sim's twinspark_vllm_port): network_up makes it and every port below it privileged in
+# each head's network namespace, as the role's /etc/sysctl.d file does at boot on hardware (the nodes' /proc/sys is
+# read-only, so the role cannot apply it there itself; it finds the value in place).
+SIM_API_PORT=$(sed -n 's/^twinspark_vllm_port: *\([0-9][0-9]*\) *$/\1/p' "$SIM_SCRIPTS/../../inventory/sim/group_vars/all/serving.yml")
 BRIDGE=tsbr0
 ACNG_PORT=3142
 CGROUP_PREFIX=twinspark-sim
