@@ -180,7 +180,7 @@ def ensure(password_file: str, web_config: str, username: str, group: str, comme
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "password_file": {"type": "path", "required": True},
+            "password_file": {"type": "path", "required": True, "no_log": False},  # a path, not the password
             "web_config": {"type": "path", "required": True},
             "username": {"type": "str", "required": True},
             "group": {"type": "str", "required": True},
