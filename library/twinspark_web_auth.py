@@ -145,7 +145,13 @@ def write_atomic(path: str, text: str, uid: int, gid: int, mode: int) -> None:
 
 def ensure(password_file: str, web_config: str, username: str, group: str, comment: str,
            check: bool) -> dict[str, bool]:
-    gid = grp.getgrnam(group).gr_gid
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        if not check:
+            raise ValueError(f"no group {group} here (its package makes it): install it first") from None
+        # --check on a fresh host, before the package that makes the group: everything would be written.
+        return {"password_changed": not os.path.exists(password_file), "web_config_changed": True, "changed": True}
     uid = os.geteuid()
     password, info = read_regular(password_file)
     password = (password or "").strip()

@@ -71,6 +71,15 @@ def test_the_password_is_made_once_root_only_and_a_converged_run_changes_nothing
     assert (tmp_path / "password").read_text().strip() != password
 
 
+def test_check_mode_before_the_package_made_its_group_says_changed(tmp_path):
+    result = web_auth.ensure(str(tmp_path / "password"), str(tmp_path / "web.yml"), "twinspark",
+                             "no-such-group-twinspark", "test", True)
+    assert result == {"password_changed": True, "web_config_changed": True, "changed": True}
+    with pytest.raises(ValueError, match="no group"):
+        web_auth.ensure(str(tmp_path / "password"), str(tmp_path / "web.yml"), "twinspark",
+                        "no-such-group-twinspark", "test", False)
+
+
 def test_a_link_in_place_of_the_password_is_refused(tmp_path):
     (tmp_path / "elsewhere").write_text("x\n")
     (tmp_path / "password").symlink_to(tmp_path / "elsewhere")
