@@ -39,10 +39,11 @@ def twinspark_monitoring_firewall(host, groups, all_hostvars):
     return _guarded(lambda: monitoring.firewall(str(host), _plain(all_hostvars, groups), groups))
 
 
-def twinspark_prometheus_config(all_hostvars, groups, interval_s, rule_files, ca_dir):
-    """The monitor's whole prometheus.yml as data."""
+def twinspark_prometheus_config(all_hostvars, groups, interval_s, rule_files, ca_dir, password_file=None):
+    """The monitor's whole prometheus.yml as data (`password_file`: where it reads Alertmanager's password)."""
     return _guarded(lambda: monitoring.prometheus_config(_plain(all_hostvars, groups), groups, int(interval_s),
-                                                         [str(f) for f in rule_files], str(ca_dir)))
+                                                         [str(f) for f in rule_files], str(ca_dir),
+                                                         str(password_file) if password_file else None))
 
 
 def twinspark_monitoring_ca_copies(all_hostvars, groups, ca_dir):
@@ -56,7 +57,7 @@ def twinspark_monitoring_urls(all_hostvars, groups):
 
 
 def twinspark_silence_target(head, groups, all_hostvars):
-    """{monitor, url, pair}: where a planned restart of `head`'s pair asks for its silence ({} without monitoring)."""
+    """{monitor, url, pair, user, password_file}: where a planned restart of `head`'s pair asks for its silence ({} without monitoring)."""
     return monitoring.silence_target(str(head), _plain(all_hostvars, groups), groups)
 
 

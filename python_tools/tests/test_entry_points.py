@@ -87,11 +87,13 @@ PROBES = {name for name in _registered(sorted(ROLES.glob("*/tasks/*.yml"))) if n
 
 
 def test_the_repository_has_entry_points_and_probes():
-    """The scan finds what it guards: the pair entry points and firewall.yml, and the roles' one-call probes."""
+    """The scan finds what it guards: the pair entry points and the firewall's and guard's boot.yml, and the roles'
+    one-call probes."""
     entries = _entry_points()
-    assert ("vllm_service", "firewall.yml") in entries
+    assert ("host_firewall", "boot.yml") in entries and ("pair_guard", "boot.yml") in entries
     assert ("vllm_service", "pair_start.yml") in entries
-    assert {"vllm_service_probe", "model_cache_probe", "vllm_runtime_probe"} <= PROBES
+    assert {"vllm_service_probe", "host_firewall_probe", "pair_guard_probe", "model_cache_probe",
+            "vllm_runtime_probe"} <= PROBES
 
 
 def _unguarded(files: list[Path], probes: set[str], root: Path = ROOT) -> list[str]:

@@ -192,7 +192,7 @@ def test_watch_writes_a_verdict_others_can_read(tmp_path):
 def test_the_state_path_and_unit_come_from_the_layout():
     lay = layout.default()
     assert lay.firewall_state.endswith(".json") and lay.unit_firewall_watch.endswith(".service")
-    unit = (Path(__file__).parents[2] / "roles/vllm_service/templates/twinspark-firewall-watch.service.j2").read_text()
+    unit = (Path(__file__).parents[2] / "roles/host_firewall/templates/twinspark-firewall-watch.service.j2").read_text()
     assert "BindsTo={{ twinspark_layout_unit_firewall }}" in unit
     assert "--state {{ twinspark_layout_firewall_state }}" in unit
 

@@ -148,8 +148,9 @@ def test_the_role_reads_its_timers_from_the_budget_only():
 
 
 def test_no_unit_template_or_router_flag_holds_a_literal_timer():
-    for name in ("twinspark-vllm.service.j2", "twinspark-pair-guard.service.j2"):
-        text = (ROLE / "templates" / name).read_text()
+    for path in (ROLE / "templates" / "twinspark-vllm.service.j2",
+                 ROOT / "roles" / "pair_guard" / "templates" / "twinspark-pair-guard.service.j2"):
+        text, name = path.read_text(), path.name
         assert not re.search(r"^TimeoutStartSec=\s*\d", text, re.M), name
         assert not re.search(r"TimeoutStartSec=.*[+*-]\s*\d", text), name
     assert router_config.STARTUP_WAIT_FLAG not in router_config.TUNED

@@ -292,7 +292,7 @@ def test_a_verb_names_where_the_inventorys_prometheus_and_alertmanager_answer(fl
     (fleet_project / "playbooks" / "stop.yml").write_text(PLAYBOOK)
     inventory = str(fleet_project / "fleet.yml")
     assert cli.main(["deploy", "-i", inventory]) == 0
-    line = "monitoring: Prometheus http://127.0.0.11:9090, Alertmanager http://127.0.0.11:9093"
+    line = "monitoring: Prometheus http://127.0.0.11:9090, Alertmanager http://127.0.0.1:9093"
     assert line in capsys.readouterr().err
     assert cli.main(["stop", "-i", inventory]) == 0
     assert "monitoring:" not in capsys.readouterr().err

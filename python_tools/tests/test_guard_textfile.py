@@ -243,7 +243,7 @@ def test_the_guards_sandbox_may_write_where_it_writes_by_default():
     (optional, `-`: a node without the directory still starts the guard)."""
     from twinspark import generate, layout
 
-    unit = (generate.repo_root() / "roles/vllm_service/templates/twinspark-pair-guard.service.j2").read_text()
+    unit = (generate.repo_root() / "roles/pair_guard/templates/twinspark-pair-guard.service.j2").read_text()
     writable = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ReadWritePaths=")]
     assert "-{{ twinspark_layout_metrics_dir }}" in writable
     assert os.path.dirname(textfile.default_path()) == layout.default().metrics_dir

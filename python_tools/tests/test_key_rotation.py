@@ -115,13 +115,13 @@ def _peer_key_vars(path) -> dict:
 
 def test_the_markers_and_fallbacks_are_the_ones_site_yml_uses():
     rotation = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    service = yaml.safe_load((ROOT / "roles" / "vllm_service" / "vars" / "main.yml").read_text())
-    assert rotation["key_rotation_guard_marker"] == service["vllm_service_guard_authorized_regexp"]
+    service = yaml.safe_load((ROOT / "roles" / "pair_guard" / "vars" / "main.yml").read_text())
+    assert rotation["key_rotation_guard_marker"] == service["pair_guard_authorized_regexp"]
     # both keys' lines are written by role peer_key, found by the marker each caller gives it
     copy_include = _peer_key_vars(ROOT / "roles" / "model_cache" / "tasks" / "fabric_key.yml")
     assert copy_include["peer_key_marker"] == rotation["key_rotation_copy_marker"]
-    guard_include = _peer_key_vars(ROOT / "roles" / "vllm_service" / "tasks" / "guard.yml")
-    assert guard_include["peer_key_marker"] == "{{ vllm_service_guard_authorized_regexp }}"
+    guard_include = _peer_key_vars(ROOT / "roles" / "pair_guard" / "tasks" / "_install.yml")
+    assert guard_include["peer_key_marker"] == "{{ pair_guard_authorized_regexp }}"
     cache = yaml.safe_load((ROOT / "roles" / "model_cache" / "defaults" / "main.yml").read_text())
     assert cache["model_cache_fabric_key"].replace("{{ twinspark_layout_control_dir }}", "C") in \
         rotation["key_rotation_copy_key"].replace("twinspark_layout_control_dir ~ '", "C")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twinspark import generate, layout
+from twinspark import generate, layout, monitoring
 
 ROOT = generate.repo_root()
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -112,14 +112,27 @@ def test_the_head_scrapes_every_target_of_the_contract_with_its_labels(sim):
                             {"targets": ["127.0.78.2:9100"],
                              "labels": {"pair": "pair1", "node": "node2", "rank_role": "worker"}}]
     assert jobs["prometheus"][0]["targets"] == ["127.0.78.1:9090"]
-    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.78.1:9093"]
+    # Alertmanager: on the monitor's loopback only, with basic auth (issue 43, row 10), for alerts and its scrape.
+    credential = "/run/credentials/prometheus.service/alertmanager-password"
+    auth = {"username": "twinspark", "password_file": credential}
+    assert config["alerting"]["alertmanagers"] == [{"static_configs": [{"targets": ["127.0.0.1:9093"]}],
+                                                    "basic_auth": auth}]
+    assert jobs["alertmanager"][0]["targets"] == ["127.0.0.1:9093"]
+    assert [job for job in config["scrape_configs"] if job["job_name"] == "alertmanager"][0]["basic_auth"] == auth
+    assert "basic_auth" not in [job for job in config["scrape_configs"] if job["job_name"] == "prometheus"][0]
     assert config["rule_files"] == ["/etc/prometheus/twinspark/twinspark.rules.yml"]
 
 
 def test_each_component_binds_the_management_address_and_the_exporter_reads_the_textfiles(sim):
     assert "--web.listen-address=127.0.78.1:9090 " in _exec_start(sim["node1"]["prometheus.service.conf"])
     alertmanager = _exec_start(sim["node1"]["prometheus-alertmanager.service.conf"])
-    assert "--web.listen-address=127.0.78.1:9093 " in alertmanager
+    assert "--web.listen-address=127.0.0.1:9093 " in alertmanager  # loopback only
+    assert " --web.config.file=/etc/prometheus/twinspark/alertmanager-web.yml " in alertmanager  # basic auth
+    assert " --web.external-url=http://127.0.0.1:9093/ " in alertmanager
+    # Prometheus reads Alertmanager's password as a credential: the file itself stays root-only.
+    assert ("\nLoadCredential=alertmanager-password:/etc/prometheus/twinspark/alertmanager-password\n"
+            in sim["node1"]["prometheus.service.conf"])
+    assert monitoring.ALERTMANAGER_PASSWORD_FILE == "/etc/prometheus/twinspark/alertmanager-password"
     assert alertmanager.endswith(" --cluster.listen-address=")  # no gossip port: one Alertmanager
     exporter = _exec_start(sim["node2"]["prometheus-node-exporter.service.conf"])
     assert "--web.listen-address=127.0.78.2:9100 " in exporter
@@ -169,7 +182,7 @@ def test_the_record_names_versions_units_and_urls(sim):
                                                           "Alertmanager 0.25.0"]
     assert [c["unit"] for c in worker["components"]] == ["prometheus-node-exporter.service"]
     assert worker["components"][0]["url"] == "http://127.0.78.2:9100/metrics"
-    assert worker["monitor"] == {"prometheus": "http://127.0.78.1:9090", "alertmanager": "http://127.0.78.1:9093"}
+    assert worker["monitor"] == {"prometheus": "http://127.0.78.1:9090", "alertmanager": "http://127.0.0.1:9093"}
     assert [job["job_name"] for job in worker["scrape_configs"]] == ["vllm", "node"]
 
 

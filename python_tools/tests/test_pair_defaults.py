@@ -1,5 +1,5 @@
 """`twinspark pair VERB` typed by hand on the head takes its defaults from what site.yml recorded there (layout
-pair_args, written by roles/vllm_service/tasks/guard.yml), so `twinspark pair rejoin` needs no --worker; options
+pair_args, written by roles/pair_guard/tasks/_install.yml), so `twinspark pair rejoin` needs no --worker; options
 typed on the command line win, and a repeated option typed at all (--worker, --env) replaces the recorded ones."""
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ def test_the_role_records_what_the_guard_runs_with():
     from pathlib import Path
 
     root = Path(__file__).parents[2]
-    variables = (root / "roles/vllm_service/vars/main.yml").read_text()
-    assert "vllm_service_pair_args_json: \"{{ {'argv': vllm_service_pair_cli_args" in variables
-    assert "pair guard {{ vllm_service_pair_cli_args | join(' ') }}" in variables
-    tasks = (root / "roles/vllm_service/tasks/guard.yml").read_text()
+    variables = (root / "roles/pair_guard/vars/main.yml").read_text()
+    assert "pair_guard_pair_args_json: \"{{ {'argv': pair_guard_cli_args" in variables
+    assert 'pair_guard_cli_args: "{{ vllm_service_pair_cli_args }}"' in variables
+    assert "pair guard {{ pair_guard_cli_args | join(' ') }}" in variables
+    tasks = (root / "roles/pair_guard/tasks/_install.yml").read_text()
     assert "dest: \"{{ twinspark_layout_pair_args }}\"" in tasks and 'mode: "0600"' in tasks

@@ -21,7 +21,7 @@ def healthy() -> Observation:
     return Observation("active", "active", Generation.OK, "one token in 0.2 s", 120.0)
 
 
-# --- what vLLM really does when one rank dies (roles/vllm_service/README.md, the table of faults) -----------
+# --- what vLLM really does when one rank dies (roles/pair_guard/README.md, the table of faults) -----------
 
 
 def test_worker_killed_while_idle_restarts_the_pair_even_though_the_head_looks_fine():

@@ -396,7 +396,7 @@ def test_the_worker_status_is_read_from_the_forced_command(text, expected):
 def render_peer_control(tmp_path: Path) -> Path:
     import jinja2
 
-    source = (REPO / "roles/vllm_service/templates/twinspark-peer-control.j2").read_text()
+    source = (REPO / "roles/pair_guard/templates/twinspark-peer-control.j2").read_text()
     env = jinja2.Environment(keep_trailing_newline=True)
     env.filters["comment"] = lambda text: f"# {text}"
     script = tmp_path / "twinspark-peer-control"

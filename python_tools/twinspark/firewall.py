@@ -223,7 +223,7 @@ def watch(file: str, state_path: Path, interval_s: float, run: Run = run_nft, on
           rounds: int | None = None, table: str = "") -> int:
     if not Path(file).is_file():
         print(f"firewall watch: {file} does not exist; install it with ansible-playbook site.yml "
-              f"(role vllm_service)", file=sys.stderr)
+              f"(role host_firewall)", file=sys.stderr)
         return 2
     state = State(table or table_name(), None, now(), interval_s)
     done = 0
@@ -270,7 +270,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    help="watch the host firewall's nftables table; re-apply it when deleted")
     verbs = parser.add_subparsers(dest="verb", required=True)
     watch_parser = verbs.add_parser("watch", help="look at the table every --interval s; load --file when it is gone")
-    watch_parser.add_argument("--file", required=True, help="the table's nft file (vllm_service_firewall_file)")
+    watch_parser.add_argument("--file", required=True, help="the table's nft file (host_firewall_file)")
     watch_parser.add_argument("--state", type=Path, help="where the verdict is kept (default: layout firewall_state)")
     watch_parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between looks")
     watch_parser.add_argument("--once", action="store_true", help="one look (and reload), then exit")

@@ -14,6 +14,9 @@ firewall tables of roles vllm_service and router, validation and `twinspark moni
     pair node carries `pair`, `node` and `rank_role`; a target elsewhere carries `node`.
   * `firewall`: the monitoring ports a host's own nftables table filters, and who may reach them.
   * `alertmanager_config`: the receiver the inventory names (a webhook, e-mail, or both).
+  * Alertmanager listens on the monitor's loopback only, behind basic auth (ALERTMANAGER_USER, the password the
+    role generates on the monitor into ALERTMANAGER_PASSWORD_FILE, root-only): whoever silences an alert or reads
+    its status (the receiver's URL included) is root there or Prometheus (issue 43, row 10).
 
 `twinspark monitor scrape-config [-i INVENTORY]` prints the scrape jobs for an existing Prometheus, from an
 inventory on the controller or, on a node without one, from the record role monitoring wrote there
@@ -46,6 +49,11 @@ ENABLED_VAR = "monitoring_enabled"
 PAIR_ID_VAR = layout.VAR_PREFIX + "pair_id"
 ROUTER_ALLOWED_VAR = "router_allowed_networks"
 RECORD_SCHEMA = 1
+# Alertmanager's one user, and the root-only file on the monitor host with its password (role monitoring writes it;
+# the planned restarts' silences, delegated to the monitor, read it there).
+ALERTMANAGER_USER = "twinspark"
+ALERTMANAGER_PASSWORD_FILE = "/etc/prometheus/twinspark/alertmanager-password"
+LOOPBACK = "127.0.0.1"
 HostVars = Mapping[str, Mapping[str, Any]]
 Groups = Mapping[str, Sequence[str]]
 
@@ -109,6 +117,7 @@ class Target:
     labels: dict[str, str]
     scheme: str = "http"
     ca: str | None = None  # the file the target's certificate is verified against (controller side)
+    auth: bool = False  # behind Alertmanager's basic auth
 
 
 def _node_labels(host: str, host_vars: HostVars, groups: Groups) -> dict[str, str]:
@@ -141,9 +150,10 @@ def targets(host_vars: HostVars, groups: Groups, monitor: str | None) -> list[Ta
         port = router.get(fleet.ROUTER_METRICS_PORT_VAR) or _layout(monitor, host_vars).router_metrics_port
         found.append(Target("router", _endpoint("127.0.0.1", port), {"node": str(monitor)}))
     own = _layout(monitor, host_vars)
-    for job, port in (("prometheus", own.prometheus_port), ("alertmanager", own.alertmanager_port)):
-        found.append(Target(job, _endpoint(address(monitor, host_vars), port),
-                            _node_labels(monitor, host_vars, groups)))
+    labels = _node_labels(monitor, host_vars, groups)
+    found.append(Target("prometheus", _endpoint(address(monitor, host_vars), own.prometheus_port), labels))
+    # Alertmanager listens on the monitor's loopback only, where Prometheus runs too.
+    found.append(Target("alertmanager", _endpoint(LOOPBACK, own.alertmanager_port), dict(labels), auth=True))
     return found
 
 
@@ -153,10 +163,11 @@ def ca_file_name(pair: str) -> str:
 
 
 def scrape_configs(host_vars: HostVars, groups: Groups, monitor: str | None = None,
-                   ca_dir: str | None = None) -> list[dict[str, object]]:
+                   ca_dir: str | None = None, password_file: str | None = None) -> list[dict[str, object]]:
     """Prometheus' scrape_configs for the inventory. `monitor`: the Prometheus host (None: an existing Prometheus
     elsewhere, which gets the vllm and node jobs only). `ca_dir`: where the monitor keeps each TLS pair's CA copy
-    (ca_file_name); None names the controller's file, as the inventory does."""
+    (ca_file_name); None names the controller's file, as the inventory does. `password_file`: where Prometheus reads
+    Alertmanager's password (its job's basic auth)."""
     jobs: dict[str, dict[str, object]] = {}
     for target in targets(host_vars, groups, monitor):
         tls: dict[str, str] = {}
@@ -170,6 +181,8 @@ def scrape_configs(host_vars: HostVars, groups: Groups, monitor: str | None = No
                 job["scheme"] = target.scheme
             if tls:
                 job["tls_config"] = tls
+            if target.auth and password_file:
+                job["basic_auth"] = {"username": ALERTMANAGER_USER, "password_file": password_file}
             jobs[key] = job
         job["static_configs"].append({"targets": [target.endpoint], "labels": target.labels})  # type: ignore[union-attr]
     found = list(jobs.values())
@@ -195,14 +208,15 @@ def ca_copies(host_vars: HostVars, groups: Groups, ca_dir: str) -> list[dict[str
 
 
 def urls(host_vars: HostVars, groups: Groups) -> dict[str, str]:
-    """The monitor's Prometheus and Alertmanager base URLs ({} without a monitor host)."""
+    """The monitor's Prometheus and Alertmanager base URLs ({} without a monitor host). Alertmanager's is its
+    loopback listener: it answers on the monitor host only, with basic auth."""
     monitor = monitor_host(host_vars, groups)
     if monitor is None:
         return {}
     own = _layout(monitor, host_vars)
     where = address(monitor, host_vars)
     return {"prometheus": f"http://{_endpoint(where, own.prometheus_port)}",
-            "alertmanager": f"http://{_endpoint(where, own.alertmanager_port)}"}
+            "alertmanager": f"http://{_endpoint(LOOPBACK, own.alertmanager_port)}"}
 
 
 def announced_urls(host_vars: HostVars, groups: Groups) -> dict[str, str]:
@@ -222,16 +236,18 @@ SILENCE_AUTHOR = "twinspark"
 
 
 def silence_target(head: str, host_vars: HostVars, groups: Groups) -> dict[str, str]:
-    """Where a planned restart of `head`'s pair asks for its silence: {monitor, url, pair} (the monitor host, its
-    Alertmanager's base URL and the pair's `pair` label), or {} when the inventory monitors nothing there (no monitor
-    host, monitoring_enabled false, or `head` heads no pair)."""
+    """Where a planned restart of `head`'s pair asks for its silence: {monitor, url, pair, user, password_file} (the
+    monitor host, its Alertmanager's base URL there (loopback), the pair's `pair` label, and Alertmanager's basic-auth
+    user and the root-only file on the monitor with its password), or {} when the inventory monitors nothing there
+    (no monitor host, monitoring_enabled false, or `head` heads no pair)."""
     monitor = monitor_host(host_vars, groups)
     if monitor is None or _is_false(host_vars.get(monitor, {}).get(ENABLED_VAR, True)):
         return {}
     for pair in pairs(host_vars, groups):
         if pair.head == head:
             return {"monitor": monitor, "url": urls(host_vars, groups)["alertmanager"],
-                    "pair": pair_label(pair, host_vars, groups)}
+                    "pair": pair_label(pair, host_vars, groups), "user": ALERTMANAGER_USER,
+                    "password_file": ALERTMANAGER_PASSWORD_FILE}
     return {}
 
 
@@ -257,21 +273,24 @@ def silence_request(pair: str, why: str, starts: float, ends: float, silence_id:
 
 
 def prometheus_config(host_vars: HostVars, groups: Groups, interval_s: int, rule_files: Sequence[str],
-                      ca_dir: str) -> dict[str, object]:
+                      ca_dir: str, password_file: str | None = None) -> dict[str, object]:
     """The monitor's whole prometheus.yml: the global intervals (a scrape may take the whole interval, up to 10 s),
-    the rule files, the local Alertmanager, every scrape job."""
+    the rule files, the local Alertmanager (over loopback; with `password_file`, where Prometheus reads its
+    password, basic auth), every scrape job."""
     monitor = monitor_host(host_vars, groups)
     if monitor is None:
         raise ValueError("the inventory has no pair and no twinspark_monitor host: nothing to monitor")
     interval = int(interval_s)
     own = _layout(monitor, host_vars)
+    alertmanager: dict[str, object] = {"static_configs": [{"targets": [_endpoint(LOOPBACK, own.alertmanager_port)]}]}
+    if password_file:
+        alertmanager["basic_auth"] = {"username": ALERTMANAGER_USER, "password_file": password_file}
     return {
         "global": {"scrape_interval": f"{interval}s", "scrape_timeout": f"{min(interval, 10)}s",
                    "evaluation_interval": f"{interval}s"},
         "rule_files": list(rule_files),
-        "alerting": {"alertmanagers": [{"static_configs": [
-            {"targets": [_endpoint(address(monitor, host_vars), own.alertmanager_port)]}]}]},
-        "scrape_configs": scrape_configs(host_vars, groups, monitor, ca_dir),
+        "alerting": {"alertmanagers": [alertmanager]},
+        "scrape_configs": scrape_configs(host_vars, groups, monitor, ca_dir, password_file),
     }
 
 

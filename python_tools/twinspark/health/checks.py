@@ -354,7 +354,7 @@ def check_firewall(node: str, facts: Mapping[str, object]) -> CheckResult:
         return ok(node, "firewall", "no TwinSpark firewall on this node (vllm_service_firewall_enabled: false)")
     if watch_unit.get("LoadState") != "loaded":
         return degraded(node, "firewall", f"{watcher} is not installed: a deleted table would stay "
-                        "deleted", "ansible-playbook site.yml (role vllm_service installs it)")
+                        "deleted", "ansible-playbook site.yml (role host_firewall installs it)")
     if watch_unit.get("ActiveState") not in ("active", "activating", "reloading"):
         state = watch_unit.get("ActiveState") or "not running"
         return degraded(node, "firewall", f"{watcher} is {state}: a deleted table would stay deleted",

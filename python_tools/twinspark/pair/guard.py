@@ -1,6 +1,6 @@
 """Keep the two vLLM ranks serving as one pair: notice a half pair and restart both ranks in order.
 
-vLLM does not heal a TP=2 pair by itself (roles/vllm_service/README.md has the table of faults): a rank that
+vLLM does not heal a TP=2 pair by itself (roles/pair_guard/README.md has the table of faults): a rank that
 loses its peer exits with status 0 (so `Restart=on-failure` never fires), the headless worker outlives a dead head
 forever, an idle head keeps answering /health after its worker died, and restarting one side alone hangs in the
 rendezvous. So the head runs `twinspark pair guard` from `twinspark-pair-guard.timer`; each run looks at both

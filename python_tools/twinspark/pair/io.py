@@ -48,7 +48,7 @@ from twinspark.pair.rules import (
 DEFAULT_SSH_KEY = "/etc/twinspark/pair-guard/id_ed25519"
 DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
 
-# What the worker's forced SSH command accepts (roles/vllm_service/templates/twinspark-peer-control.j2). `state-since`
+# What the worker's forced SSH command accepts (roles/pair_guard/templates/twinspark-peer-control.j2). `state-since`
 # is `state` with the rank's age; an older worker refuses it, and the guard then asks `state`.
 PEER_VERBS = ("state", "state-since", "stop", "start")
 

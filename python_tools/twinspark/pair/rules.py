@@ -6,7 +6,7 @@ restarts for what a restart cannot cure (the fabric down, the guard's key unusab
 `after_restart` records how a restart ended; `track` and `probe_plan` follow the counters between runs so that a
 busy pair is told from a stalled one. No systemctl, SSH, HTTP or clock here (the one file read is the node's layout,
 once per process, for the rank's unit name, when a line first names it; importing reads nothing): twinspark.pair does
-the I/O and hands these functions what it saw (roles/vllm_service/README.md describes the faults they answer).
+the I/O and hands these functions what it saw (roles/pair_guard/README.md describes the faults they answer).
 """
 
 from __future__ import annotations
