@@ -328,6 +328,8 @@ def test_rotate_hands_its_kind_phase_and_grace_to_the_rotate_playbook(project, c
     assert "twinspark rotate: playbooks/rotate.yml on" in capsys.readouterr().err
     assert cli.main(["rotate", "guard-key", "-i", inventory, "--no-health"]) == 0
     assert json.loads((project / "marker").read_text()) == ["guard-key", "all", 0]
+    assert cli.main(["rotate", "admin-key", "-i", inventory, "--phase", "drop", "--no-health"]) == 0
+    assert json.loads((project / "marker").read_text()) == ["admin-key", "drop", 0]
 
 
 def test_rotate_refuses_a_kind_it_does_not_know(project, capsys):

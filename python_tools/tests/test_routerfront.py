@@ -252,6 +252,37 @@ def test_the_front_and_the_key_check_take_a_rotated_client_key_without_a_restart
             server.server_close()
 
 
+def test_the_front_takes_a_rotated_admin_key_without_a_restart_and_refuses_the_old_one_after_the_drop(tmp_path):
+    """`twinspark rotate admin-key` writes the admin key file as roles/router/tasks/rotate_admin_key.yml does: the
+    add lists the new key first and the old one after, the drop the new one alone. The running front must take the
+    new key on the admin paths at once and, after the drop, refuse the old one (401: no known key at all)."""
+    upstream = Upstream()
+    client_file, admin_file = tmp_path / "router.key", tmp_path / "admin.key"
+    client_file.write_text(f"{CLIENT}\n")
+    admin_file.write_text(f"{ADMIN}\n")
+    new_admin = "admin-test-only-new-key"
+    front = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}",
+                                       router_launch.KeyFiles([client_file], recheck_s=0),
+                                       router_launch.KeyFiles([admin_file], recheck_s=0), upstream_timeout_s=10)
+    _serve(upstream.server)
+    _serve(front)
+    port = front.server_address[1]
+    try:
+        assert (_ask(port, "GET", "/list_workers", ADMIN)[0], _ask(port, "GET", "/list_workers", new_admin)[0]) == (
+            200, 401)
+        admin_file.write_text(f"{new_admin}\n{ADMIN}\n")  # the add
+        assert (_ask(port, "GET", "/list_workers", ADMIN)[0], _ask(port, "GET", "/list_workers", new_admin)[0]) == (
+            200, 200)
+        admin_file.write_text(f"{new_admin}\n")  # the drop
+        assert (_ask(port, "GET", "/list_workers", ADMIN)[0], _ask(port, "GET", "/list_workers", new_admin)[0]) == (
+            401, 200)
+        assert _ask(port, "GET", "/list_workers", CLIENT)[0] == 403  # the clients' key never becomes an admin key
+    finally:
+        for server in (front, upstream.server):
+            server.shutdown()
+            server.server_close()
+
+
 def _ask_while_the_upstream_comes_back(port: int, retry_s: float, status: int, before=lambda: None) -> None:
     """A front to 127.0.0.1:`port` retrying for `retry_s`; 1 s into a client's request `before` runs and an upstream
     starts listening on the port. The client must get `status`, and on 200 the upstream the request exactly once."""

@@ -2,8 +2,8 @@
 
 Each verb runs one playbook through ansible-runner, exactly as `ansible-playbook` would (same inventory, same
 ansible.cfg, no extra behaviour): deploy = site.yml, start/stop/restart/status/upgrade/rollback/rotate =
-playbooks/<verb>.yml. `rotate KIND [--phase P] [--grace S]` passes the kind (api-key, guard-key, copy-key, tls) and,
-for the API key, the phase and grace to playbooks/rotate.yml (docs/ROTATION.md). Instead of scrolling logs it shows
+playbooks/<verb>.yml. `rotate KIND [--phase P] [--grace S]` passes the kind (api-key, guard-key, copy-key, tls,
+admin-key) and the phase and grace to playbooks/rotate.yml (docs/ROTATION.md). Instead of scrolling logs it shows
 the current play and task and per-host ok/changed/failed counters on one redrawn line, prints each failure as it
 happens, keeps the run's events under ./artifacts/<timestamp>/ for post-mortems, names where the pair's Prometheus
 and Alertmanager answer (role monitoring) and ends with the `twinspark health` table (except after stop). A run's
@@ -67,7 +67,7 @@ HELP = {
               "(playbooks/rotate.yml)",
 }
 # What `twinspark rotate KIND` replaces (docs/ROTATION.md).
-ROTATE_KINDS = ("api-key", "guard-key", "copy-key", "tls")
+ROTATE_KINDS = ("api-key", "guard-key", "copy-key", "tls", "admin-key")
 ROTATE_PHASES = ("all", "add", "drop")
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
 # Verbs whose playbook refuses a run covering several pairs (playbooks/tasks/one_pair_at_a_time.yml): on a fleet the
@@ -447,9 +447,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         if verb == "rotate":
             parser.add_argument("kind", choices=ROTATE_KINDS, help="what to replace: the clients' API key, the pair "
-                                "guard's SSH key, the model-copy SSH key, or the API's TLS certificate and key")
+                                "guard's SSH key, the model-copy SSH key, the API's TLS certificate and key, or a "
+                                "fleet router's admin key")
             parser.add_argument("--phase", choices=ROTATE_PHASES, default="all",
-                                help="api-key: add (old and new both valid), drop (old refused), or all (default)")
+                                help="api-key, admin-key: add (old and new both valid), drop (old refused), or all "
+                                "(default)")
             parser.add_argument("--grace", type=int, default=0, metavar="S",
                                 help="api-key, phase all: seconds between the switch and the drop, for clients "
                                 "outside TwinSpark to move to the new key (default 0)")
