@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fileload import stop
 
 SSHD = Path(os.environ.get("TWINSPARK_TEST_SSHD", "/usr/sbin/sshd"))
 PORT = 2222  # a fresh namespace: every port is free
@@ -89,12 +90,7 @@ def running(directory: Path, authorized_keys: Path, extra_config: str = "") -> I
         yield process.pid
     finally:
         _wait_for_sessions_to_end(process.pid)
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop(process)
 
 
 def _wait_for_sessions_to_end(pid: int, limit_s: float = 10) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import grp
-import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fileload import load_module, stop
 
 from twinspark import monitoring
 
@@ -27,14 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 
 
-def _load_module():
-    spec = importlib.util.spec_from_file_location("twinspark_web_auth", ROOT / "library" / "twinspark_web_auth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-web_auth = _load_module()
+web_auth = load_module("twinspark_web_auth", ROOT / "library" / "twinspark_web_auth.py")
 GROUP = grp.getgrgid(os.getgid()).gr_name
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the module writes a root-only file (run as root)")
@@ -167,10 +160,5 @@ def test_alertmanager_refuses_a_silence_and_its_status_without_the_password(tmp_
         status, text = _ask(f"{base}/api/v2/status", password=password)
         assert status == 200 and hook in json.loads(text)["config"]["original"]
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop(process)
         log.close()

@@ -4,12 +4,12 @@ that playbooks/validate.yml and the roles use. Inventories are parsed by Ansible
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from fileload import load_module
 from test_layout import _code_lines
 
 from twinspark import generate, settings
@@ -18,14 +18,7 @@ from twinspark.fleet import rules as fleet
 ROOT = generate.repo_root()
 
 
-def load_filters():
-    spec = importlib.util.spec_from_file_location("twinspark_filters_fleet", ROOT / "filter_plugins" / "twinspark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FILTERS = load_filters()
+FILTERS = load_module("twinspark_filters_fleet", ROOT / "filter_plugins" / "twinspark.py")
 
 
 def load(source):
