@@ -52,6 +52,23 @@ def test_wait_asks_again_until_the_api_agrees_or_the_time_is_up():
     assert stuck == ["key 1 of 1 to be accepted answered 401"]
 
 
+def test_a_verdict_counts_only_when_it_still_holds_after_the_apis_recheck_interval():
+    """One instance of the API may answer with the keys it held for up to a second after the file changed (the
+    patch looks at it once a second): a first good verdict is asked again `settle_s` later, and a flip back (the old
+    key taken once more) keeps the wait going."""
+    seen = iter([401, 200, 401, 200, 200])
+    naps: list[float] = []
+    assert apikeys.wait([], ["old"], lambda key: {200: 401, 401: 200}[next(seen)], timeout=10, sleep=naps.append,
+                        clock=iter(range(100)).__next__) == []
+    assert naps == [0.5, apikeys.SETTLE_S, 0.5, apikeys.SETTLE_S]
+    import re
+    from pathlib import Path
+
+    for patch in (Path(__file__).resolve().parents[2] / "patches").glob("*/auth-every-path.patch"):
+        recheck = float(re.search(r"^\+DIGESTS_RECHECK_S = ([0-9.]+)$", patch.read_text(), re.M)[1])
+        assert recheck < apikeys.SETTLE_S, patch
+
+
 class _Api(BaseHTTPRequestHandler):
     accepted = {"Bearer new"}
 

@@ -70,13 +70,27 @@ def verdicts(accept: list[str], refuse: list[str], status: Callable[[str], int |
     return wrong
 
 
+# The patched vLLM looks at its digests file at most once a second per middleware instance (patch auth-every-path,
+# DIGESTS_RECHECK_S), so one instance may still answer with the keys it held up to a second after another one took
+# the new file. A verdict counts only when it holds again this long after it was first seen: by then every instance
+# looks at the file before it answers.
+SETTLE_S = 1.2
+
+
 def wait(accept: list[str], refuse: list[str], status: Callable[[str], int | str], timeout: float,
-         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> list[str]:
-    """verdicts() again every half second until none is left or `timeout` passed; the last verdicts."""
+         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+         settle_s: float = SETTLE_S) -> list[str]:
+    """verdicts() again every half second until none is left, twice in a row `settle_s` apart, or `timeout` passed;
+    the last verdicts."""
     deadline = clock() + timeout
     while True:
         wrong = verdicts(accept, refuse, status)
-        if not wrong or clock() >= deadline:
+        if not wrong:
+            sleep(settle_s)
+            wrong = verdicts(accept, refuse, status)
+            if not wrong:
+                return wrong
+        if clock() >= deadline:
             return wrong
         sleep(0.5)
 
