@@ -510,3 +510,141 @@ def test_the_key_check_serves_the_socket_systemd_holds_and_nobody_else_can_liste
     finally:
         check.terminate()
         check.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 43, row 8: the admin key over TLS only
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("channel", "authorization", "target", "status"), [
+    # loopback on the client port: as before (the role's own proofs on the router host)
+    ("local", f"Bearer {ADMIN}", "/list_workers", 0), ("local", f"Bearer {CLIENT}", "/list_workers", 403),
+    # another host on the client port: the admin key is refused everywhere, the admin paths to every key
+    ("plain", f"Bearer {ADMIN}", "/list_workers", 403), ("plain", f"Bearer {ADMIN}", "/v1/chat/completions", 403),
+    ("plain", f"Bearer {CLIENT}", "/add_worker?url=x", 403), ("plain", None, "/add_worker?url=x", 401),
+    ("plain", f"Bearer {CLIENT}", "/v1/chat/completions", 0), ("plain", "Bearer nope", "/v1/models", 401),
+    # the TLS admin listener: admin paths with the admin key only; nothing else is served there
+    ("admin", f"Bearer {ADMIN}", "/remove_worker?url=x", 0), ("admin", f"Bearer {ADMIN}", "/%6cist_workers", 0),
+    ("admin", f"Bearer {CLIENT}", "/list_workers", 401), ("admin", None, "/list_workers", 401),
+    ("admin", f"Bearer {ADMIN}", "/v1/chat/completions", 404), ("admin", f"Bearer {CLIENT}", "/v1/models", 404)])
+def test_decide_by_channel(channel, authorization, target, status):
+    verdict = router_launch.decide_channel(authorization, target, [CLIENT], [ADMIN], channel, admin_port=30443)
+    assert verdict.status == status, verdict
+    if status == 403 and channel == "plain":
+        assert "30443" in verdict.error and "TLS" in verdict.error
+
+
+def test_without_an_admin_listener_the_client_port_keeps_todays_rule():
+    for authorization, target in ((f"Bearer {ADMIN}", "/list_workers"), (f"Bearer {CLIENT}", "/list_workers"),
+                                  (None, "/v1/models")):
+        assert (router_launch.decide_channel(authorization, target, [CLIENT], [ADMIN], "plain", None)
+                == router_launch.decide(authorization, target, [CLIENT], [ADMIN]))
+    with pytest.raises(ValueError, match="channel"):
+        router_launch.decide_channel(None, "/", [], [], "lan", 1)
+
+
+@pytest.mark.parametrize(("address", "loopback"), [
+    ("127.0.0.1", True), ("127.9.9.9", True), ("::1", True), ("::ffff:127.0.0.1", True), ("10.78.0.1", False),
+    ("::ffff:10.78.0.1", False), ("fe80::1%eth0", False), ("not-an-address", False)])
+def test_is_loopback(address, loopback):
+    assert router_launch.is_loopback(address) is loopback
+
+
+@pytest.fixture(scope="module")
+def router_cert(tmp_path_factory):
+    from twinspark import tls
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    where = tmp_path_factory.mktemp("router-tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    tls.make_cert(cert, key, ["127.0.0.1"], days=2)
+    return cert, key
+
+
+@pytest.fixture
+def admin_front(router_cert):
+    """The client listener and the TLS admin listener, both on loopback, in front of one upstream."""
+    cert, key = router_cert
+    upstream = Upstream()
+    context = router_launch.tls_server_context(cert, key)
+    admin = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [], [ADMIN], tls=context,
+                                       client_timeout_s=10, upstream_timeout_s=10, header_timeout_s=2)
+    client = router_launch.front_server("127.0.0.1:0", f"127.0.0.1:{upstream.port}", [CLIENT], [ADMIN],
+                                        client_timeout_s=10, upstream_timeout_s=10,
+                                        admin_port=admin.server_address[1])
+    servers = (upstream.server, admin, client)
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        yield client.server_address[1], admin.server_address[1], upstream, cert
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()
+
+
+def _ask_tls(port: int, cert: Path, method: str, path: str, key: str | None):
+    import ssl
+    context = ssl.create_default_context(cafile=str(cert))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+    conn.request(method, path, headers={"Authorization": f"Bearer {key}"} if key else {})
+    answer = conn.getresponse()
+    data = answer.read()
+    conn.close()
+    return answer.status, data
+
+
+def test_the_admin_listener_speaks_tls_and_passes_only_the_admin_key_on_admin_paths(admin_front):
+    _, admin_port, upstream, cert = admin_front
+    assert _ask_tls(admin_port, cert, "GET", "/list_workers", ADMIN)[0] == 200
+    assert _ask_tls(admin_port, cert, "GET", "/list_workers", CLIENT)[0] == 401
+    assert _ask_tls(admin_port, cert, "POST", "/v1/chat/completions", ADMIN)[0] == 404
+    assert [(s["method"], s["path"]) for s in upstream.seen] == [("GET", "/list_workers")]
+    assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {ADMIN}"
+
+
+def test_plain_http_to_the_admin_listener_gets_no_answer_and_reaches_nothing(admin_front):
+    _, admin_port, upstream, _ = admin_front
+    with pytest.raises((http.client.HTTPException, OSError)):
+        _ask(admin_port, "GET", "/list_workers", ADMIN)
+    assert upstream.seen == []
+
+
+def test_a_stalled_tls_handshake_is_closed_at_the_header_deadline(admin_front):
+    _, admin_port, _, _ = admin_front
+    sock = socket.create_connection(("127.0.0.1", admin_port), timeout=10)
+    try:
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the front without a byte: no ClientHello ever came
+        assert time.monotonic() - started < 8
+    finally:
+        sock.close()
+
+
+def test_the_client_port_refuses_the_admin_key_from_another_host(admin_front, monkeypatch):
+    port, admin_port, upstream, _ = admin_front
+    # Loopback as it is: the router host's own proofs keep working on the client port.
+    assert _ask(port, "GET", "/list_workers", ADMIN)[0] == 200
+    # Any other address (the tests may only use loopback, so the front is told this one is not).
+    monkeypatch.setattr(router_launch, "is_loopback", lambda _address: False)
+    upstream.seen.clear()
+    status, data = _ask(port, "GET", "/list_workers", ADMIN)
+    assert status == 403 and str(admin_port) in json.loads(data)["error"]["message"]
+    assert _ask(port, "POST", "/v1/chat/completions", ADMIN, b"{}")[0] == 403
+    assert _ask(port, "GET", "/list_workers", CLIENT)[0] == 403
+    assert upstream.seen == []
+    assert _ask(port, "POST", "/v1/chat/completions", CLIENT, b"{}")[0] == 200
+    assert [s["path"] for s in upstream.seen] == ["/v1/chat/completions"]
+
+
+def test_the_front_refuses_an_admin_listener_without_tls_files(tmp_path, capsys):
+    keys = tmp_path / "keys"
+    keys.write_text(f"{CLIENT}\n")
+    admin = tmp_path / "admin"
+    admin.write_text(f"{ADMIN}\n")
+    rc = router_launch.main(["front", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9",
+                             "--client-key-file", str(keys), "--admin-key-file", str(admin),
+                             "--admin-listen", "127.0.0.1:0"])
+    assert rc == 2
+    assert "--tls-cert" in capsys.readouterr().err

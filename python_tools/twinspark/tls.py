@@ -418,11 +418,12 @@ def name_constraints(names: Sequence[str]) -> str:
     return "critical," + ",".join(permitted)
 
 
-def make_cert_argv(cert: Path, key: Path, names: Sequence[str], days: int, openssl: str = "openssl") -> list[str]:
+def make_cert_argv(cert: Path | str, key: Path | str, names: Sequence[str], days: int, openssl: str = "openssl",
+                   subject: str = "twinspark-pair") -> list[str]:
     """Self-signed, its own CA (clients trust it as the CA file), but a CA for its own names only (name constraints)
-    and for no CA below it (pathlen 0)."""
+    and for no CA below it (pathlen 0). Also the router's admin certificate (role router, made on the router host)."""
     return [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", "/CN=twinspark-pair",
+            "-keyout", str(key), "-out", str(cert), "-days", str(days), "-subj", f"/CN={subject}",
             "-addext", f"subjectAltName={subject_alt_names(names)}",
             "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
             "-addext", f"nameConstraints={name_constraints(names)}",

@@ -19,7 +19,10 @@ venv; it imports nothing from twinspark):
     routerlaunch.py keycheck --listen 127.0.0.1:30099 --key-file /etc/twinspark/router.key [--key-file F]
         answers GET with 200 when `Authorization: Bearer <key>` matches a line of one of the key files, else 401.
     routerlaunch.py front --listen 0.0.0.0:30000 --upstream 127.0.0.1:30001 --client-key-file F --admin-key-file A
+            [--admin-listen 0.0.0.0:30443 --tls-cert C --tls-key K]
         401 without a known key, 403 for a client key on an admin path, else forwards to the router (`decide`).
+        With --admin-listen, the admin paths are served there over TLS to the admin key alone, and the client port
+        refuses the admin key and the admin paths from other hosts (`decide_channel`).
     routerlaunch.py serve --key-check-url http://127.0.0.1:30099/ [--worker-key-file F] -- <vllm-router flags>
         runs the router with that URL as its only validation URL (refuses to start without one). With
         --worker-key-file, the file's first key is the router's `api_key`: the key the router itself sends to the
@@ -46,6 +49,7 @@ import os
 import posixpath
 import pwd
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -200,6 +204,54 @@ def decide(authorization: str | None, target: str, client_keys: list[str], admin
     return FORWARD
 
 
+def decide_channel(authorization: str | None, target: str, client_keys: list[str], admin_keys: list[str],
+                   channel: str, admin_port: int | None = None) -> Verdict:
+    """`decide`, by where the request came in (issue 43, row 8: the admin key never crosses the network in clear):
+
+    * "local": the client port, from this host's loopback: `decide` as it is (the role's own proofs run here);
+    * "plain": the client port, from another host, when the front also serves its admin listener over TLS
+      (`admin_port`): the admin key and the admin paths are refused (403) whatever the key, naming the TLS port;
+      a client key on a client path is forwarded;
+    * "admin": the TLS admin listener: the admin paths with the admin key only; any other path is 404 (clients use
+      the client port), any other key 401."""
+    if channel == "local" or (channel == "plain" and admin_port is None):
+        return decide(authorization, target, client_keys, admin_keys)
+    admin = key_allowed(authorization, admin_keys)
+    if channel == "admin":
+        if not is_admin_path(target):
+            return Verdict(404, "this port serves only the router's admin API; clients use the client port")
+        return FORWARD if admin else Verdict(401, "the router's admin key is required (Authorization: Bearer <key>)")
+    if channel != "plain":
+        raise ValueError(f"channel {channel!r} is not local, plain or admin")
+    over_tls = f"over TLS only, at https://<router>:{admin_port}"
+    if admin:
+        return Verdict(403, f"the router's admin key is taken {over_tls}; it crossed the network in clear text now: "
+                            "rotate it (twinspark rotate admin-key)")
+    verdict = decide(authorization, target, client_keys, admin_keys)
+    if verdict.status == 403:
+        return Verdict(403, f"this path is the router's admin API, served {over_tls} to the admin key alone")
+    return verdict
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a peer address is this host's loopback (an IPv4-mapped IPv6 address counts as its IPv4 address)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def tls_server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The admin listener's TLS: TLS 1.2 or later, the router's certificate and key."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert), str(key))
+    return context
+
+
 def forwarded_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The request or response headers to pass on: all but the hop-by-hop ones and those the Connection header
     names (the front frames each message itself), Authorization included."""
@@ -330,7 +382,8 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
                  upstream_timeout_s: float = 900.0, upstream_retry_s: float = 0.0,
                  header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  max_per_source: int = DEFAULT_MAX_PER_SOURCE, upstream_owner_uid: int | None = None,
-                 proc: str = "/proc") -> ThreadingHTTPServer:
+                 proc: str = "/proc", tls: ssl.SSLContext | None = None,
+                 admin_port: int | None = None) -> ThreadingHTTPServer:
     """The front, not started: refuses or forwards each request (`decide`) to the router at `upstream`
     (host:port), one connection per request, and streams the answer back as it comes (SSE included).
 
@@ -350,7 +403,12 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
 
     `upstream_owner_uid` (issue 43, row 1): each connection to the router is used only when its server end belongs
     to that account, checked on the connection itself (connection_holder) before a byte is sent; another local
-    account that took the router's port while it restarted gets nothing, and the client a 502 saying so."""
+    account that took the router's port while it restarted gets nothing, and the client a 502 saying so.
+
+    Issue 43, row 8: with `tls` this is the admin listener (`decide_channel` "admin": the admin paths with the admin
+    key only, over TLS; the handshake runs in the connection's own thread, within the header deadline). Without it,
+    the client listener; `admin_port` (the admin listener's port, when there is one) makes it refuse the admin key
+    and the admin paths from any address but loopback (`decide_channel` "plain")."""
     up_host, up_port = _split_listen(upstream)
 
     class Handler(BaseHTTPRequestHandler):
@@ -361,12 +419,25 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
             pass
 
         def setup(self) -> None:
-            super().setup()
-            # The header deadline: unless parse_request has the whole head by then, the socket is shut down (the
-            # blocked read returns and the thread ends). Cancelled once the headers are in.
-            self._deadline = threading.Timer(header_timeout_s, _shut, (self.connection,))
+            # The header deadline: unless parse_request has the whole head by then (the TLS handshake included), the
+            # socket is shut down (the blocked read returns and the thread ends). Cancelled once the headers are in.
+            self._deadline_sock = self.request
+            self._deadline = threading.Timer(header_timeout_s, lambda: _shut(self._deadline_sock))
             self._deadline.daemon = True
             self._deadline.start()
+            if tls is not None:
+                # Wrapped first, shaken after: the wrap takes over the socket's descriptor, so the deadline must
+                # hold the TLS socket before the handshake can block.
+                self.request.settimeout(client_timeout_s)
+                self.request = self._deadline_sock = tls.wrap_socket(self.request, server_side=True,
+                                                                     do_handshake_on_connect=False)
+                try:
+                    self.request.do_handshake()
+                except BaseException:
+                    self._deadline.cancel()
+                    self.request.close()
+                    raise
+            super().setup()
 
         def parse_request(self) -> bool:
             done = super().parse_request()
@@ -401,8 +472,10 @@ def front_server(listen: str, upstream: str, client_keys: Keys, admin_keys: Keys
 
         def _relay(self) -> None:
             self.close_connection = True
-            verdict = decide(self.headers.get("Authorization"), self.path, current_keys(client_keys),
-                             current_keys(admin_keys))
+            channel = "admin" if tls is not None else (
+                "local" if is_loopback(str(self.client_address[0])) else "plain")
+            verdict = decide_channel(self.headers.get("Authorization"), self.path, current_keys(client_keys),
+                                     current_keys(admin_keys), channel, admin_port)
             if verdict.status:
                 self._refuse(verdict)
                 return
@@ -587,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
     front.add_argument("--upstream-owner", metavar="ACCOUNT",
                        help="the account that runs the router: a connection to --upstream whose server end another "
                             "account holds gets nothing (issue 43, row 1)")
+    front.add_argument("--admin-listen", metavar="HOST:PORT",
+                       help="also serve the router's admin paths here, over TLS, to the admin key alone; the client "
+                            "port then refuses the admin key and the admin paths from every address but loopback "
+                            "(issue 43, row 8). Needs --tls-cert and --tls-key")
+    front.add_argument("--tls-cert", type=Path, help="the admin listener's certificate (PEM)")
+    front.add_argument("--tls-key", type=Path, help="the admin listener's private key (PEM)")
     serve = sub.add_parser("serve", help="run vllm-router with client keys required; router flags after --")
     serve.add_argument("--key-check-url", action="append", default=[])
     serve.add_argument("--worker-key-file", type=Path,
@@ -609,13 +688,20 @@ def main(argv: list[str] | None = None) -> int:
                     except KeyError:
                         raise ValueError(f"--upstream-owner {opts.upstream_owner}: no such account on this machine; "
                                          "name the account the router runs as") from None
+                if opts.admin_listen and not (opts.tls_cert and opts.tls_key):
+                    raise ValueError("--admin-listen needs --tls-cert and --tls-key: the admin key goes only over TLS")
+                tls = tls_server_context(opts.tls_cert, opts.tls_key) if opts.admin_listen else None
+                admin_port = _split_listen(opts.admin_listen)[1] if opts.admin_listen else None
+                common = dict(upstream_timeout_s=opts.upstream_timeout_s, upstream_retry_s=opts.upstream_retry_s,
+                              header_timeout_s=opts.header_timeout_s, max_connections=opts.max_connections,
+                              max_per_source=opts.max_per_source, upstream_owner_uid=owner)
                 server = front_server(opts.listen, opts.upstream, KeyFiles([opts.client_key_file]),
-                                      KeyFiles([opts.admin_key_file]), opts.max_body_bytes,
-                                      upstream_timeout_s=opts.upstream_timeout_s,
-                                      upstream_retry_s=opts.upstream_retry_s,
-                                      header_timeout_s=opts.header_timeout_s,
-                                      max_connections=opts.max_connections, max_per_source=opts.max_per_source,
-                                      upstream_owner_uid=owner)
+                                      KeyFiles([opts.admin_key_file]), opts.max_body_bytes, admin_port=admin_port,
+                                      **common)
+                if tls is not None:
+                    admin = front_server(opts.admin_listen, opts.upstream, [], KeyFiles([opts.admin_key_file]),
+                                         opts.max_body_bytes, tls=tls, **common)
+                    threading.Thread(target=admin.serve_forever, daemon=True).start()
             thread = threading.Thread(target=server.serve_forever, daemon=True)
             thread.start()
             thread.join()
