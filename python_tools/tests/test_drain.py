@@ -35,9 +35,20 @@ def test_a_named_router_needs_the_pairs_url_and_says_which_variable():
 
 
 def test_the_router_reference_carries_both_urls_and_the_key():
-    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000/",
-                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1")
-    assert ref == drain.RouterRef("http://10.0.0.9:30000", "http://10.0.0.1:8000", "sk-1")
+    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "https://10.0.0.9:30443/",
+                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1", "/ca.pem")
+    assert ref == drain.RouterRef("https://10.0.0.9:30443", "http://10.0.0.1:8000", "sk-1", "/ca.pem")
+    # plain http stays on the host: no certificate to check there
+    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "http://127.0.0.1:30000",
+                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1", "/ca.pem")
+    assert ref == drain.RouterRef("http://127.0.0.1:30000", "http://10.0.0.1:8000", "sk-1", None)
+
+
+def test_the_admin_key_never_goes_to_another_host_in_plain_http():
+    """Issue 43, row 8: a router URL by hand that is plain http to another host is refused, naming the variable."""
+    with pytest.raises(ValueError, match="TWINSPARK_ROUTER_URL=.*plain http.*only over TLS"):
+        drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000",
+                               drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1")
 
 
 def test_admin_paths_quote_the_pair_url():
@@ -433,7 +444,7 @@ def test_the_pair_verbs_drain_with_the_routers_admin_key_never_the_pairs_api_key
     from twinspark import layout
 
     env = tmp_path / "serve.env"
-    env.write_text("VLLM_API_KEY=pair-client-key\nSERVED_MODEL_NAME=tiny\nTWINSPARK_ROUTER_URL=http://10.0.0.9:30000\n"
+    env.write_text("VLLM_API_KEY=pair-client-key\nSERVED_MODEL_NAME=tiny\nTWINSPARK_ROUTER_URL=https://10.0.0.9:30443\n"
                    "TWINSPARK_ROUTER_PAIR_URL=http://10.0.0.1:8888\n")
     key_file = tmp_path / "router-drain.key"
     key_file.write_text("router-admin-key\n")
@@ -444,3 +455,5 @@ def test_the_pair_verbs_drain_with_the_routers_admin_key_never_the_pairs_api_key
                               state_file=str(tmp_path / "state.json"))
     pair = pair_cli._pair_from_args(args)
     assert pair.router is not None and pair.router.ref.key == "router-admin-key"
+    # and trusts the router's certificate alone, at the layout's path (role serve_env writes it)
+    assert pair.router.ref.ca == current.router_drain_ca

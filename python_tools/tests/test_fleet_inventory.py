@@ -277,16 +277,16 @@ def _drain_env(tmp_path, tree, host):
 
 def test_each_pair_drains_through_the_router_in_front_of_it_without_setting_a_url(tmp_path):
     tree = fleet_inventory()
-    assert _drain_env(tmp_path, tree, "a2") == ("http://192.0.2.100:30000", "http://192.0.2.11:8888")
-    assert _drain_env(tmp_path, tree, "b1") == ("http://192.0.2.100:30000", "http://192.0.2.21:8888")
+    assert _drain_env(tmp_path, tree, "a2") == ("https://192.0.2.100:30443", "http://192.0.2.11:8888")
+    assert _drain_env(tmp_path, tree, "b1") == ("https://192.0.2.100:30443", "http://192.0.2.21:8888")
 
 
 def test_urls_set_by_hand_win_and_an_empty_router_url_turns_the_drain_off(tmp_path):
     tree = fleet_inventory()
     pair_a = tree["all"]["children"]["twinspark_pair"]["children"]["pair_a"]["vars"]
-    pair_a["twinspark_router_url"] = "http://192.0.2.200:31000"
+    pair_a["twinspark_router_url"] = "https://192.0.2.200:31443"
     pair_a["twinspark_router_pair_url"] = "http://192.0.2.111:8888"
-    assert _drain_env(tmp_path, tree, "a1") == ("http://192.0.2.200:31000", "http://192.0.2.111:8888")
+    assert _drain_env(tmp_path, tree, "a1") == ("https://192.0.2.200:31443", "http://192.0.2.111:8888")
     pair_a["twinspark_router_url"] = ""
     del pair_a["twinspark_router_pair_url"]
     assert _drain_env(tmp_path, tree, "a1")[0] is None
@@ -295,7 +295,7 @@ def test_urls_set_by_hand_win_and_an_empty_router_url_turns_the_drain_off(tmp_pa
 def test_a_pair_no_router_fronts_and_a_one_pair_inventory_without_a_router_do_not_drain(tmp_path):
     tree = fleet_inventory()
     tree["all"]["children"]["twinspark_router"]["hosts"]["r1"]["twinspark_router_pairs"] = ["pair_a"]
-    assert _drain_env(tmp_path, tree, "a1")[0] == "http://192.0.2.100:30000"
+    assert _drain_env(tmp_path, tree, "a1")[0] == "https://192.0.2.100:30443"
     assert _drain_env(tmp_path, tree, "b1") == (None, None)
     hostvars, groups = load(ROOT / "inventory" / "sim")
     env = FILTERS.twinspark_node_env(hostvars["node1"], "node1", groups, hostvars)
@@ -308,7 +308,7 @@ def test_the_simulated_fleet_drains_through_its_router_node(tmp_path):
     for host, head in (("node1", "10.78.0.1"), ("node2", "10.78.0.1"), ("node3", "10.78.0.3"), ("node4", "10.78.0.3")):
         env = FILTERS.twinspark_node_env(hostvars[host], host, groups, hostvars)
         assert (env["TWINSPARK_ROUTER_URL"], env["TWINSPARK_ROUTER_PAIR_URL"]) == (
-            "http://10.78.0.5:30000", f"http://{head}:8888")
+            "https://10.78.0.5:30443", f"http://{head}:8888")
         # the drain's key: the router's admin key (role serve_env writes it to the head's root-only file)
         assert env["TWINSPARK_ROUTER_ADMIN_KEY"] == hostvars["node5"]["twinspark_router_admin_key"]
     assert FILTERS.twinspark_pair_problems(hostvars, groups) == []

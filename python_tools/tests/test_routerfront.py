@@ -648,3 +648,25 @@ def test_the_front_refuses_an_admin_listener_without_tls_files(tmp_path, capsys)
                              "--admin-listen", "127.0.0.1:0"])
     assert rc == 2
     assert "--tls-cert" in capsys.readouterr().err
+
+
+def test_the_drain_lists_and_removes_over_tls_trusting_the_routers_certificate_alone(admin_front, tmp_path):
+    """The drain (twinspark.fleet.drain, as the heads run it) against the real admin listener: with the router's
+    certificate it is served; with another certificate as its trust anchor the key never leaves (no answer)."""
+    from twinspark import tls
+    from twinspark.fleet import drain
+
+    _, admin_port, upstream, cert = admin_front
+    ref = drain.RouterRef(f"https://127.0.0.1:{admin_port}", "http://10.0.0.1:8000", ADMIN, str(cert))
+    router = drain.Router(ref)
+    router.listed()  # the stub answers {"path": ...}, not a list of URLs: what counts is that it was asked
+    assert upstream.seen[-1]["path"] == "/list_workers"
+    assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {ADMIN}"
+    assert router.call("remove")[0] is True
+    assert upstream.seen[-1]["path"].startswith("/remove_worker?url=http://10.0.0.1:8000")
+    other, other_key = tmp_path / "other.pem", tmp_path / "other.key"
+    tls.make_cert(other, other_key, ["127.0.0.1"], days=2)
+    seen = len(upstream.seen)
+    ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, str(other))).call("remove")
+    assert ok is False and "cannot be reached" in line
+    assert len(upstream.seen) == seen

@@ -56,6 +56,7 @@ class Layout:
     restart_flag: str
     pair_lock: str
     router_drain_key: str
+    router_drain_ca: str
     guard_pause: str
     guard_dir: str
     guard_state: str
@@ -77,6 +78,7 @@ class Layout:
     bandwidth_record: str
     router_port: str
     router_metrics_port: str
+    router_admin_port: str
     router_upstream_port: str
     metrics_dir: str
     monitoring_record: str

@@ -201,6 +201,17 @@ def _str(knob: Knob, text: str) -> str:
     return _single_line(text)
 
 
+def router_url_is_local(url: str) -> bool:
+    """Whether a URL names this host's loopback (plain HTTP stays on the host there)."""
+    host = (urllib.parse.urlsplit(url.strip()).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def base_url(text: str) -> str:
     """A base URL (http or https, a host, no path, query or fragment) without its trailing slash; ValueError says
     why not. The rule of the `url` type, and of the drain's router URLs on the node (twinspark.fleet.drain)."""
@@ -499,6 +510,12 @@ def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
                                                              "drain must tell the router which pair to take out; "
                                                              "set it to this pair's entry in the router's "
                                                              "--worker-urls"))
+    if (values.get("TWINSPARK_ROUTER_URL") or "").strip().lower().startswith("http://") and \
+            not router_url_is_local(values["TWINSPARK_ROUTER_URL"]):
+        problems.append(Problem("TWINSPARK_ROUTER_URL", "must be https: the drain sends the router's admin key, which "
+                                                        "goes only over TLS, to the router front's admin listener "
+                                                        "(issue 43, row 8); unset it for https://<router>:"
+                                                        "<twinspark_router_admin_port, 30443>"))
     model = values.get("MODEL", "")
     if model.startswith("/") and values.get("MODEL_REVISION"):
         problems.append(Problem("MODEL_REVISION", f"must be empty for a local model directory (MODEL={model}); "

@@ -61,6 +61,8 @@ class RouterRef:
     url: str
     pair_url: str
     key: str | None
+    # The router's certificate, the only trust anchor of an https router URL (the admin listener, issue 43 row 8).
+    ca: str | None = None
 
 
 def _http_url(value: str, env: str) -> str:
@@ -71,10 +73,12 @@ def _http_url(value: str, env: str) -> str:
                          "with site.yml") from None
 
 
-def router_from_env(env: Mapping[str, str], key: str | None) -> RouterRef | None:
+def router_from_env(env: Mapping[str, str], key: str | None, ca: str | None = None) -> RouterRef | None:
     """The router named by the env files, or None when there is none (a pair without a router: no drain at all).
+    `ca`: the router's certificate on this head (layout router_drain_ca), for an https router URL.
 
-    Raises ValueError naming the variable when the router is named but the pair's URL is missing or malformed."""
+    Raises ValueError naming the variable when the router is named but the pair's URL is missing or malformed, or
+    when it is plain http to another host: the admin key goes only over TLS (issue 43, row 8)."""
     router = (env.get(ROUTER_URL_ENV) or "").strip()
     if not router:
         return None
@@ -83,7 +87,12 @@ def router_from_env(env: Mapping[str, str], key: str | None) -> RouterRef | None
         raise ValueError(f"{ROUTER_URL_ENV} is set but {PAIR_URL_ENV} is empty: the drain cannot tell the router "
                          f"which pair to take out; set {PAIR_URL_ENV.lower()} to this pair's entry in "
                          "the router's --worker-urls")
-    return RouterRef(_http_url(router, ROUTER_URL_ENV), _http_url(pair, PAIR_URL_ENV), key)
+    url = _http_url(router, ROUTER_URL_ENV)
+    if url.lower().startswith("http://") and not validate.router_url_is_local(url):
+        raise ValueError(f"{ROUTER_URL_ENV}={router!r} is plain http to another host: the drain sends the router's "
+                         "admin key, which goes only over TLS; unset twinspark_router_url (the default is the "
+                         "router's admin listener, https://<router>:30443) and render the env files with site.yml")
+    return RouterRef(url, _http_url(pair, PAIR_URL_ENV), key, ca if url.lower().startswith("https://") else None)
 
 
 def key_from_text(text: str) -> str | None:
@@ -176,7 +185,8 @@ class Router:
 
     def _http(self, method: str) -> Post:
         def send(path: str, timeout_s: float) -> tuple[int | None, str]:
-            return router_client.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s)
+            return router_client.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s,
+                                         ca=self.ref.ca)
 
         return send
 

@@ -115,13 +115,15 @@ def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) 
     return None
 
 
-def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float) -> tuple[int | None, str]:
-    """One request through the project's one API client (twinspark.api): (status, body), or (None, why)."""
+def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float,
+             ca: str | None = None) -> tuple[int | None, str]:
+    """One request through the project's one API client (twinspark.api): (status, body), or (None, why). An https
+    URL is verified against `ca` alone (the router's certificate: its admin listener)."""
     headers = {"Content-Type": "application/json", **api.auth_headers(key)}
     # A router on this machine is its front's (roles/router: router_front_user): a key goes to a local listener only
     # when that account holds it, checked on the very connection (api.listener_problem). Where there is no such
     # account (a drill or a bench that runs the front itself), only to a listener of this process's own account.
-    with api.session(owner_uid=api.account_uid(FRONT_ACCOUNT, missing=os.geteuid())) as http:
+    with api.session(ca=ca, owner_uid=api.account_uid(FRONT_ACCOUNT, missing=os.geteuid())) as http:
         result, response = api.request(http, method, url, timeout_s, data=body, headers=headers)
         if response is None:
             return None, str(result["error"])
@@ -143,10 +145,11 @@ def chat_once(base: str, key: str | None, model: str = "tiny", timeout_s: float 
 
 
 def request(base: str, path: str, key: str | None, method: str = "GET", timeout_s: float = 10.0,
-            body: dict | None = None) -> tuple[int | None, str]:
-    """Any path on the router (admin paths included), with or without the key; POST sends `body` ({} if none)."""
+            body: dict | None = None, ca: str | None = None) -> tuple[int | None, str]:
+    """Any path on the router (admin paths included), with or without the key; POST sends `body` ({} if none).
+    `ca`: the router's certificate, for its admin listener (https)."""
     raw = json.dumps(body or {}).encode() if method == "POST" else None
-    return _request(f"{base}{path}", key, raw, method, timeout_s)
+    return _request(f"{base}{path}", key, raw, method, timeout_s, ca)
 
 
 def client_loop(base: str, key: str, total: int, concurrency: int,

@@ -37,6 +37,7 @@ ROUTER_PAIRS_VAR = "twinspark_router_pairs"
 API_PORT_VAR = "twinspark_vllm_port"
 ROUTER_PORT_VAR = "twinspark_router_port"
 ROUTER_METRICS_PORT_VAR = "twinspark_router_metrics_port"
+ROUTER_ADMIN_PORT_VAR = "twinspark_router_admin_port"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 # Drain before touch (docs/FLEET.md): the router in front of a pair, and the pair's head as that router lists it.
 ROUTER_URL_VAR = "twinspark_router_url"
@@ -46,6 +47,7 @@ ADMIN_KEY_VAR = "twinspark_router_admin_key"
 CLIENT_KEY_VAR = "twinspark_vllm_api_key"
 DEFAULT_ROUTER_PORT = int(layout.default().router_port)
 DEFAULT_ROUTER_METRICS_PORT = int(layout.default().router_metrics_port)
+DEFAULT_ROUTER_ADMIN_PORT = int(layout.default().router_admin_port)
 RESERVED = frozenset({"all", "ungrouped", HEAD_GROUP, WORKER_GROUP, ROUTER_GROUP, SINGLE_PAIR})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -205,6 +207,14 @@ def router_url(router: Mapping[str, Any], name: str) -> str:
     return f"http://{host}:{port}"
 
 
+def router_admin_url(router: Mapping[str, Any], name: str) -> str:
+    """The router front's admin listener (TLS, issue 43 row 8), where the admin key goes and nowhere else."""
+    address = str(router.get("ansible_host") or name)
+    port = int(str(router.get(ROUTER_ADMIN_PORT_VAR, DEFAULT_ROUTER_ADMIN_PORT)))
+    host = f"[{address}]" if ":" in address else address
+    return f"https://{host}:{port}"
+
+
 def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
                    groups: Mapping[str, Sequence[str]]) -> dict[str, str]:
     """The drain settings host's pair gets from the inventory when they are not set by hand: the URL of the first
@@ -218,7 +228,7 @@ def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
     for router in routers:
         fronted, _ = router_pairs(host_vars.get(router, {}), known)
         if any(candidate.name == pair.name for candidate in fronted):
-            return {ROUTER_URL_VAR: router_url(host_vars.get(router, {}), router),
+            return {ROUTER_URL_VAR: router_admin_url(host_vars.get(router, {}), router),
                     ROUTER_PAIR_URL_VAR: head_url(host_vars.get(pair.head, {}), pair.head)}
     return {}
 
@@ -258,6 +268,7 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
     for router in routers:
         listen(router, ROUTER_PORT_VAR, DEFAULT_ROUTER_PORT, "router API")
         listen(router, ROUTER_METRICS_PORT_VAR, DEFAULT_ROUTER_METRICS_PORT, "router metrics")
+        listen(router, ROUTER_ADMIN_PORT_VAR, DEFAULT_ROUTER_ADMIN_PORT, "router admin API (TLS)")
     for (address, port), users in sorted(endpoints.items()):
         if len(users) > 1:
             lines.append(f"port clash on {address}:{port}: {'; '.join(users)} would all listen there; give each "
