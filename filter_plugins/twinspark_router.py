@@ -32,6 +32,25 @@ def twinspark_router_startup_wait(all_hostvars, groups, router):
         raise AnsibleFilterError(f"router {router}: {error}; run playbooks/validate.yml") from None
 
 
+def twinspark_router_drain_heads(all_hostvars, groups, router):
+    """The heads whose drain goes to the router on host `router`: each gets its certificate (issue 43, row 8)."""
+    plain = {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
+    return router_config.drain_heads(plain, groups, str(router))
+
+
+def twinspark_router_controller_ca(all_hostvars, router):
+    """Where the controller keeps the certificate of the router on host `router` (twinspark_router_ca_file)."""
+    return router_config.controller_ca({str(router): all_hostvars[router]}, str(router))
+
+
+def twinspark_router_cert_argv(names, cert, key, days):
+    """openssl's command line for the router's self-signed certificate (twinspark.tls.make_cert_argv: its own CA
+    for its own names only), run on the router host so that its key never leaves it."""
+    from twinspark import tls
+
+    return tls.make_cert_argv(str(cert), str(key), [str(n) for n in names], int(days), subject="twinspark-router")
+
+
 def twinspark_router_exec_start(urls, python, launcher, keycheck_url, listen_host, port, metrics_port, policy,
                                 worker_key_file=None, startup_wait_s=None):
     try:
@@ -49,4 +68,7 @@ class FilterModule:
             "twinspark_router_worker_urls": twinspark_router_worker_urls,
             "twinspark_router_exec_start": twinspark_router_exec_start,
             "twinspark_router_startup_wait": twinspark_router_startup_wait,
+            "twinspark_router_drain_heads": twinspark_router_drain_heads,
+            "twinspark_router_controller_ca": twinspark_router_controller_ca,
+            "twinspark_router_cert_argv": twinspark_router_cert_argv,
         }

@@ -173,8 +173,9 @@ def stood_in(monkeypatch):
         results = list(healthy(pair_name) if pair_name == "pair_a" else sick(pair_name, checks.FAILED))
         return results, {}, {}, {"VLLM_API_KEY": "sk-fleet"}
 
-    def list_workers(url, key, timeout):
+    def list_workers(url, key, timeout, ca=None):
         asked["router"].append((url, key))
+        asked["router_ca"] = ca
         return 200, json.dumps({"urls": [A]})
 
     monkeypatch.setattr(command, "sweep_pair", sweep_pair)
@@ -188,7 +189,9 @@ def test_health_on_a_fleet_sweeps_every_pair_then_asks_the_router(stood_in, caps
     out = capsys.readouterr().out
     print(out)
     assert stood_in["pairs"] == ["pair_a", "pair_b"]
-    assert stood_in["router"] == [("http://192.0.2.30:30000", "sk-fleet")]
+    # the front's admin listener over TLS (issue 43, row 8), verified against the certificate role router fetched
+    assert stood_in["router"] == [("https://192.0.2.30:30443", "sk-fleet")]
+    assert stood_in["router_ca"].endswith("/.cache/twinspark/routers/router-1.pem")
     assert code == 2
     assert out.splitlines()[-1] == "FLEET FAILED: 2 pairs (1 ok, 0 degraded, 1 failed), router ok (exit 2)"
     assert "sk-fleet" not in out
@@ -202,7 +205,7 @@ def test_health_asks_the_routers_list_with_its_admin_key_from_the_inventory(stoo
     (inventory / "group_vars" / "all.yml").write_text("twinspark_router_admin_key: admin-test-only-key\n")
     command.run(_args(inventory / "hosts.yml"))
     out = capsys.readouterr().out
-    assert stood_in["router"] == [("http://192.0.2.30:30000", "admin-test-only-key")]
+    assert stood_in["router"] == [("https://192.0.2.30:30443", "admin-test-only-key")]
     assert "admin-test-only-key" not in out
     assert "admin-test-only-key" not in repr(inv.read_fleet(inventory / "hosts.yml"))
 
@@ -294,3 +297,16 @@ def test_a_limit_on_a_one_pair_inventory_is_refused(tmp_path, capsys):
     path.write_text(ONE_PAIR)
     assert command.run(_args(path, limit="pair_a")) == 2
     assert "the inventory is one pair, not a fleet; leave --limit out" in capsys.readouterr().err
+
+
+def test_the_admin_key_goes_nowhere_without_the_routers_certificate_on_the_controller(tmp_path, monkeypatch):
+    """Issue 43, row 8: with no certificate to verify the admin listener against, nothing is sent at all."""
+    sent = []
+    monkeypatch.setattr(command.router_client, "request", lambda *a, **k: sent.append(a) or (200, "{}"))
+    status, body = command._list_workers("https://192.0.2.30:30443", "admin-key", 1.0, str(tmp_path / "none.pem"))
+    assert status is None and "not asked" in body and "twinspark_router_ca_file" in body
+    assert sent == []
+    cert = tmp_path / "router.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert command._list_workers("https://192.0.2.30:30443", "admin-key", 1.0, str(cert)) == (200, "{}")
+    assert len(sent) == 1

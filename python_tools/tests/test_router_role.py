@@ -123,6 +123,8 @@ def render(name, **values):
                 "router_clients_v4": ["127.0.0.0/8", "192.0.2.0/24"], "router_clients_v6": ["::1/128"],
                 "router_worker_urls": ["http://192.0.2.11:8888", "http://192.0.2.21:8888"],
                 "router_startup_wait_s": 3600, "router_monitoring_ports": [], "router_upstream_port": 30001,
+                "router_admin_port": 30443, "router_tls_cert": "/etc/twinspark-router/tls/cert.pem",
+                "router_tls_key": "/etc/twinspark-router/tls/key.pem",
                 "router_front_user": "twinspark-router-front",
                 "router_admin_key_file": "/etc/twinspark-router/admin.key"}
     role_defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
@@ -209,21 +211,30 @@ def test_the_front_parses_its_own_unit_line(monkeypatch):
     """The front's ExecStart, as rendered, is accepted by router_launch.py's own parser (a flag renamed on one side
     fails here)."""
     argv = exec_start(render("twinspark-router-front.service"))
-    seen = {}
+    seen, tls_files = [], []
 
     def server_not_started(listen, upstream, *_args, **kwargs):
-        seen.update(listen=listen, upstream=upstream, owner=kwargs.get("upstream_owner_uid"))
-        raise ValueError("not started in a test")
+        seen.append(dict(listen=listen, upstream=upstream, owner=kwargs.get("upstream_owner_uid"),
+                         tls=kwargs.get("tls"), admin_port=kwargs.get("admin_port")))
+        if len(seen) == 2:
+            raise ValueError("not started in a test")
+        return None
 
     class Account:
         pw_uid = 4711
 
     monkeypatch.setattr(router_launch, "front_server", server_not_started)
+    monkeypatch.setattr(router_launch, "tls_server_context", lambda cert, key: tls_files.append((cert, key)) or "ctx")
     monkeypatch.setattr(router_launch, "read_keys", lambda path: [str(path)])
     monkeypatch.setattr(router_launch.pwd, "getpwnam", lambda name: Account if name == "twinspark-router" else None)
     assert router_launch.main(argv[3:]) == 2
-    # the router's port is trusted only when the router's account holds it (issue 43, row 1)
-    assert seen == {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001", "owner": 4711}
+    # the router's port is trusted only when the router's account holds it (issue 43, row 1); the client port knows
+    # the admin listener's port, and the admin listener speaks TLS with the credential's key (issue 43, row 8)
+    assert seen == [
+        {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001", "owner": 4711, "tls": None, "admin_port": 30443},
+        {"listen": "0.0.0.0:30443", "upstream": "127.0.0.1:30001", "owner": 4711, "tls": "ctx", "admin_port": None}]
+    assert [(str(c), str(k)) for c, k in tls_files] == [("/etc/twinspark-router/tls/cert.pem", "%d/tls-key")]
+    assert "LoadCredential=tls-key:/etc/twinspark-router/tls/key.pem" in render("twinspark-router-front.service")
 
 
 def test_the_front_refuses_an_upstream_owner_that_does_not_exist(tmp_path, capsys):
@@ -295,12 +306,12 @@ def test_the_router_unit_is_bound_to_its_firewall_only_when_it_is_on():
 def test_the_firewall_table_admits_only_the_listed_networks_to_the_router_port():
     table = render("twinspark-router.nft")
     assert "elements = { 127.0.0.0/8, 192.0.2.0/24 }" in table
-    assert "tcp dport 30000 ip saddr @clients_v4 accept" in table
-    assert 'tcp dport 30000 counter drop comment "router: only router_allowed_networks"' in table
+    assert "tcp dport { 30000, 30443 } ip saddr @clients_v4 accept" in table
+    assert 'tcp dport { 30000, 30443 } counter drop comment "router: only router_allowed_networks"' in table
     assert "tcp dport { 29000, 30099, 30001 } counter drop" in table
     # its own table only: never the pair's `inet twinspark`, never a flush of the ruleset
     assert "table inet twinspark\n" not in table and "flush ruleset" not in table
-    rules = table.index("tcp dport 30000 ip saddr")
+    rules = table.index("tcp dport { 30000, 30443 } ip saddr")
     assert table.index('tcp dport { 22 } accept comment "SSH is never filtered here"') < rules
 
 

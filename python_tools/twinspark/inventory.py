@@ -90,6 +90,10 @@ class FleetView:
     router_url: str | None
     problems: tuple[str, ...]
     router_admin_key: str | None = field(default=None, repr=False)
+    # The router front's admin listener (https, issue 43 row 8), where the admin key goes, and the router's
+    # certificate on this controller (role router fetches it), its only trust anchor.
+    router_admin_url: str | None = None
+    router_ca: str | None = None
 
 
 def _readable_secret(value: object) -> str | None:
@@ -119,8 +123,10 @@ def read_fleet(source: str | Path) -> FleetView | None:
     routers = list(groups.get(fleet.ROUTER_GROUP) or [])
     router = fleet.router_url(host_vars.get(routers[0], {}), routers[0]) if routers else None
     admin = _readable_secret(host_vars.get(routers[0], {}).get(fleet.ADMIN_KEY_VAR)) if routers else None
+    admin_url = fleet.router_admin_url(host_vars.get(routers[0], {}), routers[0]) if routers else None
+    ca = fleet.controller_router_ca(host_vars.get(routers[0], {}), routers[0]) if routers else None
     return FleetView(tuple((p.name, fleet.head_url(host_vars.get(p.head, {}), p.head)) for p in found),
-                     router, tuple(problems), admin)
+                     router, tuple(problems), admin, admin_url, ca)
 
 
 def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--victim", required=True, help="the victim pair's head API as the router lists it")
     parser.add_argument("--action", required=True, help="shell command run once --act-at answers are in")
     parser.add_argument("--metrics-cmd", required=True, help="shell command printing the router's Prometheus text")
+    parser.add_argument("--admin-url", required=True,
+                        help="the router front's admin listener (https), where /list_workers takes the admin key")
+    parser.add_argument("--ca", required=True, help="the router's certificate, the admin listener's trust anchor")
     parser.add_argument("--act-at", type=int, default=40)
     parser.add_argument("--total", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=2)
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def sample() -> None:
         while not stop.is_set():
-            status, body = router_client.request(args.router, "/list_workers", admin_key, timeout_s=5)
+            status, body = router_client.request(args.admin_url, "/list_workers", admin_key, timeout_s=5, ca=args.ca)
             in_list = listed(body, args.victim) if status == 200 else None
             try:
                 text = subprocess.run(args.metrics_cmd, shell=True, timeout=10, capture_output=True,

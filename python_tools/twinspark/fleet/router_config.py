@@ -93,3 +93,14 @@ def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, 
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--worker-urls", *urls, *flags(policy, startup_wait_s)]
     return shlex.join(argv)
+
+
+def drain_heads(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
+                router: str) -> list[str]:
+    """The heads that get `router`'s certificate for their drain (rules.drain_heads)."""
+    return rules.drain_heads(host_vars, groups, router)
+
+
+def controller_ca(host_vars: Mapping[str, Mapping[str, Any]], router: str) -> str:
+    """Where the controller keeps `router`'s certificate (rules.controller_router_ca)."""
+    return rules.controller_router_ca(host_vars.get(router, {}), router)

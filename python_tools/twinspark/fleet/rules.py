@@ -24,6 +24,7 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from twinspark import api, layout, nodeenv
@@ -38,6 +39,9 @@ API_PORT_VAR = "twinspark_vllm_port"
 ROUTER_PORT_VAR = "twinspark_router_port"
 ROUTER_METRICS_PORT_VAR = "twinspark_router_metrics_port"
 ROUTER_ADMIN_PORT_VAR = "twinspark_router_admin_port"
+# Where the controller keeps the router's certificate (role router fetches it there), for its own admin calls
+# (`twinspark health`'s router view, the drills): the router host's variable, else controller_router_ca's default.
+ROUTER_CA_FILE_VAR = "twinspark_router_ca_file"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
 # Drain before touch (docs/FLEET.md): the router in front of a pair, and the pair's head as that router lists it.
 ROUTER_URL_VAR = "twinspark_router_url"
@@ -213,6 +217,32 @@ def router_admin_url(router: Mapping[str, Any], name: str) -> str:
     port = int(str(router.get(ROUTER_ADMIN_PORT_VAR, DEFAULT_ROUTER_ADMIN_PORT)))
     host = f"[{address}]" if ":" in address else address
     return f"https://{host}:{port}"
+
+
+def controller_router_ca(router: Mapping[str, Any], name: str, home: str | None = None) -> str:
+    """Where the controller keeps router `name`'s certificate (role router fetches it after making it): its
+    twinspark_router_ca_file, else ~/.cache/twinspark/routers/<name>.pem of the account that runs Ansible."""
+    chosen = str(router.get(ROUTER_CA_FILE_VAR) or "").strip()
+    if chosen:
+        return chosen
+    return str(Path(home or Path.home()) / ".cache" / "twinspark" / "routers" / f"{name}.pem")
+
+
+def drain_heads(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
+                router: str) -> list[str]:
+    """The heads whose drain goes to `router`'s admin listener (drain_defaults, or a URL set by hand that names it):
+    each gets the router's certificate as the drain's only trust anchor."""
+    found, _ = pairs(host_vars, groups)
+    fronted, _ = router_pairs(host_vars.get(router, {}), found)
+    mine = router_admin_url(host_vars.get(router, {}), router)
+    heads = []
+    for pair in fronted:
+        head_vars = host_vars.get(pair.head, {})
+        url = head_vars.get(ROUTER_URL_VAR)
+        url = drain_defaults(pair.head, host_vars, groups).get(ROUTER_URL_VAR) if url is None else str(url)
+        if url and url.rstrip("/") == mine:
+            heads.append(pair.head)
+    return heads
 
 
 def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],

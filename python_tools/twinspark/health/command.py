@@ -207,16 +207,26 @@ def fleet_sweep(view, inventory: str | None, timeout: float, nodes: bool = True,
         seen.append(fleetreport.PairSeen(name, url, tuple(results)))
     if view.router_url is None:
         return seen, None
-    netguard.check([view.router_url])
-    ask = list_workers or _list_workers
-    status, body = ask(view.router_url, view.router_admin_key or key, timeout)
+    # Issue 43, row 8: the admin key goes to the front's admin listener over TLS, verified against the router's
+    # certificate that role router fetched to this controller; without that file nothing is sent.
+    url = view.router_admin_url or view.router_url
+    netguard.check([url])
+    if list_workers is not None:
+        status, body = list_workers(url, view.router_admin_key or key, timeout)
+    else:
+        status, body = _list_workers(url, view.router_admin_key or key, timeout, view.router_ca)
     listed = router_client.listed_from_answer(status, body)
-    router = fleetreport.RouterSeen(view.router_url, listed, "" if listed is not None else f"{status}: {body[:80]}")
+    router = fleetreport.RouterSeen(url, listed, "" if listed is not None else f"{status}: {body[:160]}")
     return seen, fleetreport.router_verdict(router, [p for p in seen if p.url], others)
 
 
-def _list_workers(url: str, key: str | None, timeout: float) -> tuple[int | None, str]:
-    return router_client.request(url, "/list_workers", key, timeout_s=timeout)
+def _list_workers(url: str, key: str | None, timeout: float, ca: str | None = None) -> tuple[int | None, str]:
+    """The router's worker list, asked with `key`; to an https URL only when `ca` (the router's certificate on
+    this controller) is there to verify it against: the key goes nowhere unverified."""
+    if url.startswith("https://") and not (ca and Path(ca).is_file()):
+        return None, (f"not asked: the router's certificate is not at {ca} on this controller (site.yml's router "
+                      "play fetches it there; or set twinspark_router_ca_file)")
+    return router_client.request(url, "/list_workers", key, timeout_s=timeout, ca=ca)
 
 
 def answer_fleet(sweep: Callable[[], tuple[list[fleetreport.PairSeen], fleetreport.RouterVerdict | None]],
