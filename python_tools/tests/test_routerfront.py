@@ -664,6 +664,10 @@ def test_the_drain_lists_and_removes_over_tls_trusting_the_routers_certificate_a
     assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {ADMIN}"
     assert router.call("remove")[0] is True
     assert upstream.seen[-1]["path"].startswith("/remove_worker?url=http://10.0.0.1:8000")
+    # no certificate on the head (deleted, or the router play has not run yet): nothing is sent, and it says why
+    seen = len(upstream.seen)
+    ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, str(tmp_path / "gone.pem"))).call("remove")
+    assert ok is False and "certificate is not at" in line and len(upstream.seen) == seen
     other, other_key = tmp_path / "other.pem", tmp_path / "other.key"
     tls.make_cert(other, other_key, ["127.0.0.1"], days=2)
     seen = len(upstream.seen)

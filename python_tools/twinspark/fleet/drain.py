@@ -185,6 +185,9 @@ class Router:
 
     def _http(self, method: str) -> Post:
         def send(path: str, timeout_s: float) -> tuple[int | None, str]:
+            if self.ref.url.lower().startswith("https://") and not (self.ref.ca and Path(self.ref.ca).is_file()):
+                return None, (f"the router's certificate is not at {self.ref.ca} on this head, so the admin key is "
+                              "not sent; site.yml's router play puts it there")
             return router_client.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s,
                                          ca=self.ref.ca)
 
