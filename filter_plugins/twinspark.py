@@ -6,13 +6,11 @@ it. The package is imported from this checkout's python_tools/ when it is not in
 
 from __future__ import annotations
 
-import sys
+import runpy
 from collections import ChainMap
 from pathlib import Path
 
-_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
-if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
-    sys.path.insert(0, str(_TOOLS))
+runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__.py"))  # python_tools/ on sys.path
 
 from ansible.errors import AnsibleFilterError
 from twinspark import budget, envfile, group, nodeenv, recipe, settings, tls, wheelhouse

@@ -7,13 +7,11 @@ check's record are made here, on the controller, by the same rules `twinspark do
 from __future__ import annotations
 
 import json
+import runpy
 import shlex
-import sys
 from pathlib import Path
 
-_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
-if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
-    sys.path.insert(0, str(_TOOLS))
+runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__.py"))  # python_tools/ on sys.path
 
 from ansible.errors import AnsibleFilterError
 from twinspark.doctor import bandwidth, collect, rules

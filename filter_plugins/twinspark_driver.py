@@ -6,6 +6,11 @@ PlanError into a task failure whose message names the variable and the fix.
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
+
+runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__.py"))  # python_tools/ on sys.path
+
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from twinspark import driver_plan, gpu

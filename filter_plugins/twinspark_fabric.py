@@ -6,6 +6,11 @@ decided in Python (unit-tested there).
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
+
+runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__.py"))  # python_tools/ on sys.path
+
 from twinspark.fabric import links
 
 

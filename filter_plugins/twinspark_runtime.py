@@ -7,12 +7,10 @@ Ansible's variables to them. The lock and the patch set are read on the controll
 
 from __future__ import annotations
 
-import sys
+import runpy
 from pathlib import Path
 
-_TOOLS = Path(__file__).resolve().parents[1] / "python_tools"
-if _TOOLS.is_dir() and str(_TOOLS) not in sys.path:
-    sys.path.insert(0, str(_TOOLS))
+runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__.py"))  # python_tools/ on sys.path
 
 from ansible.errors import AnsibleFilterError
 from twinspark.runtime import lock as stock_lock
