@@ -41,6 +41,11 @@ def twinspark_router_controller_ca(all_hostvars, router):
     return router_config.controller_ca({str(router): all_hostvars[router]}, str(router))
 
 
+def twinspark_router_admin_record(all_hostvars, router, ca):
+    """The record of the router's admin listener each head whose drain goes to `router` gets (issue 43, row 8)."""
+    return router_config.admin_record({str(router): all_hostvars[router]}, str(router), str(ca))
+
+
 def twinspark_router_cert_argv(names, cert, key, days):
     """openssl's command line for the router's self-signed certificate (twinspark.tls.make_cert_argv: its own CA
     for its own names only), run on the router host so that its key never leaves it."""
@@ -69,4 +74,5 @@ class FilterModule:
             "twinspark_router_drain_heads": twinspark_router_drain_heads,
             "twinspark_router_controller_ca": twinspark_router_controller_ca,
             "twinspark_router_cert_argv": twinspark_router_cert_argv,
+            "twinspark_router_admin_record": twinspark_router_admin_record,
         }

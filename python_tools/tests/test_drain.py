@@ -35,20 +35,61 @@ def test_a_named_router_needs_the_pairs_url_and_says_which_variable():
 
 
 def test_the_router_reference_carries_both_urls_and_the_key():
-    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "https://10.0.0.9:30443/",
-                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1", "/ca.pem")
-    assert ref == drain.RouterRef("https://10.0.0.9:30443", "http://10.0.0.1:8000", "sk-1", "/ca.pem")
-    # plain http stays on the host: no certificate to check there
-    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "http://127.0.0.1:30000",
-                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1", "/ca.pem")
-    assert ref == drain.RouterRef("http://127.0.0.1:30000", "http://10.0.0.1:8000", "sk-1", None)
+    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000/",
+                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1")
+    assert ref == drain.RouterRef("http://10.0.0.9:30000", "http://10.0.0.1:8000", "sk-1")
+    # the admin listener comes from this head's record when it names the same router
+    admin = {"router": "http://10.0.0.9:30000", "url": "https://10.0.0.9:30443", "ca": "/ca.pem"}
+    ref = drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000/",
+                                 drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1", admin)
+    assert (ref.admin_url, ref.ca) == ("https://10.0.0.9:30443", "/ca.pem")
 
 
-def test_the_admin_key_never_goes_to_another_host_in_plain_http():
-    """Issue 43, row 8: a router URL by hand that is plain http to another host is refused, naming the variable."""
-    with pytest.raises(ValueError, match="TWINSPARK_ROUTER_URL=.*plain http.*only over TLS"):
-        drain.router_from_env({drain.ROUTER_URL_ENV: "http://10.0.0.9:30000",
-                               drain.PAIR_URL_ENV: "http://10.0.0.1:8000"}, "sk-1")
+@pytest.mark.parametrize(("router", "admin", "where"), [
+    # a record of this very router: its admin listener and certificate
+    ("http://10.0.0.9:30000", {"router": "http://10.0.0.9:30000/", "url": "https://10.0.0.9:30443", "ca": "/c"},
+     ("https://10.0.0.9:30443", "/c")),
+    # a record of another router (the env files moved on): not used
+    ("http://10.0.0.8:30000", {"router": "http://10.0.0.9:30000", "url": "https://10.0.0.9:30443", "ca": "/c"},
+     (None, None)),
+    # no record: nowhere, unless the router is on this host's loopback (plain HTTP that never leaves the host)
+    ("http://10.0.0.9:30000", None, (None, None)),
+    ("http://127.0.0.1:30000", None, ("http://127.0.0.1:30000", None)),
+    ("http://10.0.0.9:30000", {"router": "", "url": "", "ca": ""}, (None, None))])
+def test_where_the_admin_key_goes(router, admin, where):
+    assert drain.admin_listener(router, admin) == where
+
+
+def test_the_admin_key_never_goes_to_another_host_in_plain_http_nor_unverified(tmp_path):
+    """Issue 43, row 8: the drain sends nothing without an admin listener it can verify, and says why."""
+    ca = tmp_path / "ca.pem"
+    base = ("http://10.0.0.9:30000", "http://10.0.0.1:8000", "sk-1")
+    assert "not known on this head" in drain.admin_refusal(drain.RouterRef(*base))
+    assert "plain http to another host" in drain.admin_refusal(drain.RouterRef(*base, "http://10.0.0.9:30000"))
+    assert f"not at {ca}" in drain.admin_refusal(drain.RouterRef(*base, "https://10.0.0.9:30443", str(ca)))
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert drain.admin_refusal(drain.RouterRef(*base, "https://10.0.0.9:30443", str(ca))) is None
+    assert drain.admin_refusal(drain.RouterRef(*base, "http://127.0.0.1:30000")) is None
+    sent = []
+    router = drain.Router(drain.RouterRef(*base))
+    router._post = router._http("POST")
+    import twinspark.fleet.router_client as client
+    original, client.request = client.request, lambda *a, **k: sent.append(a) or (200, "")
+    try:
+        ok, line = router.call("remove")
+    finally:
+        client.request = original
+    assert ok is False and "not known on this head" in line and sent == []
+
+
+def test_the_admin_record_is_read_only_when_it_is_one(tmp_path):
+    record = tmp_path / "router-admin.json"
+    assert drain.read_admin(record) is None
+    record.write_text(json.dumps({"router": "http://r:1", "url": "https://r:2", "ca": "/c", "extra": 1}))
+    assert drain.read_admin(record) == {"router": "http://r:1", "url": "https://r:2", "ca": "/c"}
+    for bad in ("[]", "{", json.dumps({"router": "http://r:1", "url": 2, "ca": "/c"}), "x" * 5000):
+        record.write_text(bad)
+        assert drain.read_admin(record) is None
 
 
 def test_admin_paths_quote_the_pair_url():
@@ -444,16 +485,21 @@ def test_the_pair_verbs_drain_with_the_routers_admin_key_never_the_pairs_api_key
     from twinspark import layout
 
     env = tmp_path / "serve.env"
-    env.write_text("VLLM_API_KEY=pair-client-key\nSERVED_MODEL_NAME=tiny\nTWINSPARK_ROUTER_URL=https://10.0.0.9:30443\n"
+    env.write_text("VLLM_API_KEY=pair-client-key\nSERVED_MODEL_NAME=tiny\nTWINSPARK_ROUTER_URL=http://10.0.0.9:30000\n"
                    "TWINSPARK_ROUTER_PAIR_URL=http://10.0.0.1:8888\n")
     key_file = tmp_path / "router-drain.key"
     key_file.write_text("router-admin-key\n")
+    admin_file = tmp_path / "router-admin.json"
+    admin_file.write_text(json.dumps({"router": "http://10.0.0.9:30000", "url": "https://10.0.0.9:30443",
+                                      "ca": "/var/lib/twinspark-control/router-ca.pem"}))
     current = layout.current()
     monkeypatch.setattr(layout, "current", lambda: type(current)(**{**current.__dict__,
-                                                                     "router_drain_key": str(key_file)}))
+                                                                     "router_drain_key": str(key_file),
+                                                                     "router_drain_admin": str(admin_file)}))
     args = argparse.Namespace(env=[str(env)], worker=["10.0.0.2"], ssh_user="root", ssh_key="k", known_hosts="h",
                               state_file=str(tmp_path / "state.json"))
     pair = pair_cli._pair_from_args(args)
     assert pair.router is not None and pair.router.ref.key == "router-admin-key"
-    # and trusts the router's certificate alone, at the layout's path (role serve_env writes it)
-    assert pair.router.ref.ca == current.router_drain_ca
+    # and sends it only to the admin listener role router recorded, trusting the router's certificate alone
+    assert (pair.router.ref.admin_url, pair.router.ref.ca) == ("https://10.0.0.9:30443",
+                                                              "/var/lib/twinspark-control/router-ca.pem")

@@ -38,7 +38,9 @@ def _listed(drill) -> str:
 def _drained_restart(drill, victim: str, gave_up: bool, total: int = 120, at: int = 30):
     """A client loop; after `at` answers, `drained` takes the victim out, restarts it, and decides on putting it
     back. Returns (loop figures, what drained said, the victim's probe after the restart)."""
-    ref = drain.RouterRef(drill.base, drill.url(victim), routerdrill.ADMIN_KEY)
+    # a router on loopback: its client URL is where the admin key goes (it never leaves the host)
+    ref = drain.router_from_env({drain.ROUTER_URL_ENV: drill.base, drain.PAIR_URL_ENV: drill.url(victim)},
+                                routerdrill.ADMIN_KEY)
     lines: list[str] = []
     seen_running: list[float] = []
     done = {"n": 0, "finished": threading.Event()}
@@ -107,7 +109,8 @@ def test_a_pair_the_guard_gave_up_on_stays_out(drill):
 
 
 def test_a_router_that_cannot_be_reached_does_not_block_the_work(drill):
-    dead = drain.RouterRef(f"http://127.0.0.1:{routerdrill.free_port()}", drill.url("a"), routerdrill.ADMIN_KEY)
+    gone = f"http://127.0.0.1:{routerdrill.free_port()}"
+    dead = drain.RouterRef(gone, drill.url("a"), routerdrill.ADMIN_KEY, admin_url=gone)
     worked = []
     result, lines = drain.drained(drain.Router(dead), lambda: worked.append(1) or drain.WorkResult(True),
                                   lambda _p, _m: None, lambda: {"running": 0.0, "waiting": 0.0})
@@ -122,7 +125,7 @@ def test_a_pair_the_guard_gave_up_on_is_taken_out_again_after_a_router_restart(d
     """The router's list lives in memory: restarted, it lists every pair of --worker-urls again. The guard's next
     run (drain.keep_out, on each run while it has given up) takes the given-up pair out again, and only then."""
     said: list[tuple[int, str]] = []
-    router = drain.Router(drain.RouterRef(drill.base, drill.url("a"), routerdrill.ADMIN_KEY))
+    router = drain.Router(drain.RouterRef(drill.base, drill.url("a"), routerdrill.ADMIN_KEY, admin_url=drill.base))
     assert drain.keep_out(router, lambda p, m: said.append((p, m))) is True
     assert drill.url("a") not in _listed(drill)
     assert drain.keep_out(router, lambda p, m: said.append((p, m))) is False, "the real router's answer for a pair " \
@@ -141,7 +144,7 @@ def test_a_pair_the_guard_gave_up_on_is_taken_out_again_after_a_router_restart(d
 def test_a_drain_with_the_clients_key_is_refused_and_takes_nothing_out(drill):
     """Why each head holds the router's admin key: the front refuses the pair's API key (the clients' key) on
     /remove_worker, and the drain says so in one line and goes on, the pair still listed."""
-    router = drain.Router(drain.RouterRef(drill.base, drill.url("a"), routerdrill.KEY))
+    router = drain.Router(drain.RouterRef(drill.base, drill.url("a"), routerdrill.KEY, admin_url=drill.base))
     out, line = router.call("remove")
     assert out is False
     assert "refused the key for remove_worker (403)" in line and "twinspark_router_admin_key" in line

@@ -12,7 +12,8 @@ import yaml
 from fileload import load_module
 from test_layout import _code_lines
 
-from twinspark import generate, settings
+from twinspark import generate, settings, validate
+from twinspark.fleet import drain
 from twinspark.fleet import rules as fleet
 
 ROOT = generate.repo_root()
@@ -277,16 +278,16 @@ def _drain_env(tmp_path, tree, host):
 
 def test_each_pair_drains_through_the_router_in_front_of_it_without_setting_a_url(tmp_path):
     tree = fleet_inventory()
-    assert _drain_env(tmp_path, tree, "a2") == ("https://192.0.2.100:30443", "http://192.0.2.11:8888")
-    assert _drain_env(tmp_path, tree, "b1") == ("https://192.0.2.100:30443", "http://192.0.2.21:8888")
+    assert _drain_env(tmp_path, tree, "a2") == ("http://192.0.2.100:30000", "http://192.0.2.11:8888")
+    assert _drain_env(tmp_path, tree, "b1") == ("http://192.0.2.100:30000", "http://192.0.2.21:8888")
 
 
 def test_urls_set_by_hand_win_and_an_empty_router_url_turns_the_drain_off(tmp_path):
     tree = fleet_inventory()
     pair_a = tree["all"]["children"]["twinspark_pair"]["children"]["pair_a"]["vars"]
-    pair_a["twinspark_router_url"] = "https://192.0.2.200:31443"
+    pair_a["twinspark_router_url"] = "http://192.0.2.200:31000"
     pair_a["twinspark_router_pair_url"] = "http://192.0.2.111:8888"
-    assert _drain_env(tmp_path, tree, "a1") == ("https://192.0.2.200:31443", "http://192.0.2.111:8888")
+    assert _drain_env(tmp_path, tree, "a1") == ("http://192.0.2.200:31000", "http://192.0.2.111:8888")
     pair_a["twinspark_router_url"] = ""
     del pair_a["twinspark_router_pair_url"]
     assert _drain_env(tmp_path, tree, "a1")[0] is None
@@ -295,7 +296,7 @@ def test_urls_set_by_hand_win_and_an_empty_router_url_turns_the_drain_off(tmp_pa
 def test_a_pair_no_router_fronts_and_a_one_pair_inventory_without_a_router_do_not_drain(tmp_path):
     tree = fleet_inventory()
     tree["all"]["children"]["twinspark_router"]["hosts"]["r1"]["twinspark_router_pairs"] = ["pair_a"]
-    assert _drain_env(tmp_path, tree, "a1")[0] == "https://192.0.2.100:30443"
+    assert _drain_env(tmp_path, tree, "a1")[0] == "http://192.0.2.100:30000"
     assert _drain_env(tmp_path, tree, "b1") == (None, None)
     hostvars, groups = load(ROOT / "inventory" / "sim")
     env = FILTERS.twinspark_node_env(hostvars["node1"], "node1", groups, hostvars)
@@ -308,10 +309,42 @@ def test_the_simulated_fleet_drains_through_its_router_node(tmp_path):
     for host, head in (("node1", "10.78.0.1"), ("node2", "10.78.0.1"), ("node3", "10.78.0.3"), ("node4", "10.78.0.3")):
         env = FILTERS.twinspark_node_env(hostvars[host], host, groups, hostvars)
         assert (env["TWINSPARK_ROUTER_URL"], env["TWINSPARK_ROUTER_PAIR_URL"]) == (
-            "https://10.78.0.5:30443", f"http://{head}:8888")
+            "http://10.78.0.5:30000", f"http://{head}:8888")
         # the drain's key: the router's admin key (role serve_env writes it to the head's root-only file)
         assert env["TWINSPARK_ROUTER_ADMIN_KEY"] == hostvars["node5"]["twinspark_router_admin_key"]
     assert FILTERS.twinspark_pair_problems(hostvars, groups) == []
+
+
+def test_each_head_learns_its_routers_admin_listener_for_the_router_its_env_files_name():
+    """Issue 43, row 8: role router tells the heads whose drain goes to it where its admin listener is; the record
+    names the router exactly as those heads' env files do (else the drain would not use it), and a head whose drain
+    goes elsewhere gets none."""
+    from twinspark.fleet import router_config
+
+    hostvars, groups = load(ROOT / "inventory" / "sim-fleet")
+    plain = {host: hostvars[host] for host in groups["all"]}
+    assert router_config.drain_heads(plain, groups, "node5") == ["node1", "node3"]
+    record = router_config.admin_record(plain, "node5", "/var/lib/twinspark-control/router-ca.pem")
+    assert record == {"router": "http://10.78.0.5:30000", "url": "https://10.78.0.5:30443",
+                      "ca": "/var/lib/twinspark-control/router-ca.pem"}
+    for head in ("node1", "node3"):
+        env = FILTERS.twinspark_node_env(hostvars[head], head, groups, hostvars)
+        assert drain.admin_listener(validate.base_url(env["TWINSPARK_ROUTER_URL"]), record) == (
+            "https://10.78.0.5:30443", "/var/lib/twinspark-control/router-ca.pem")
+
+
+def test_a_head_whose_drain_goes_elsewhere_gets_no_record_of_this_router(tmp_path):
+    from twinspark.fleet import router_config
+
+    tree = fleet_inventory()
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(tree))
+    hostvars, groups = load(path)
+    assert router_config.drain_heads(hostvars, groups, "r1") == ["a1", "b1"]
+    tree["all"]["children"]["twinspark_pair"]["children"]["pair_a"]["vars"]["twinspark_router_url"] = ""
+    path.write_text(yaml.safe_dump(tree))
+    hostvars, groups = load(path)
+    assert router_config.drain_heads(hostvars, groups, "r1") == ["b1"]
 
 
 @pytest.mark.parametrize(("admin", "expected"), [

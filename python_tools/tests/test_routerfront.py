@@ -657,7 +657,8 @@ def test_the_drain_lists_and_removes_over_tls_trusting_the_routers_certificate_a
     from twinspark.fleet import drain
 
     _, admin_port, upstream, cert = admin_front
-    ref = drain.RouterRef(f"https://127.0.0.1:{admin_port}", "http://10.0.0.1:8000", ADMIN, str(cert))
+    ref = drain.RouterRef("http://127.0.0.1:9", "http://10.0.0.1:8000", ADMIN, f"https://127.0.0.1:{admin_port}",
+                          str(cert))
     router = drain.Router(ref)
     router.listed()  # the stub answers {"path": ...}, not a list of URLs: what counts is that it was asked
     assert upstream.seen[-1]["path"] == "/list_workers"
@@ -666,11 +667,12 @@ def test_the_drain_lists_and_removes_over_tls_trusting_the_routers_certificate_a
     assert upstream.seen[-1]["path"].startswith("/remove_worker?url=http://10.0.0.1:8000")
     # no certificate on the head (deleted, or the router play has not run yet): nothing is sent, and it says why
     seen = len(upstream.seen)
-    ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, str(tmp_path / "gone.pem"))).call("remove")
+    ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, ref.admin_url,
+                                            str(tmp_path / "gone.pem"))).call("remove")
     assert ok is False and "certificate is not at" in line and len(upstream.seen) == seen
     other, other_key = tmp_path / "other.pem", tmp_path / "other.key"
     tls.make_cert(other, other_key, ["127.0.0.1"], days=2)
     seen = len(upstream.seen)
-    ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, str(other))).call("remove")
+    ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, ref.admin_url, str(other))).call("remove")
     assert ok is False and "cannot be reached" in line
     assert len(upstream.seen) == seen

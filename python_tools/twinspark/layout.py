@@ -57,6 +57,7 @@ class Layout:
     pair_lock: str
     router_drain_key: str
     router_drain_ca: str
+    router_drain_admin: str
     guard_pause: str
     guard_dir: str
     guard_state: str

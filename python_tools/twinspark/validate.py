@@ -510,12 +510,6 @@ def _cross_checks(values: Mapping[str, str], profile: str) -> list[Problem]:
                                                              "drain must tell the router which pair to take out; "
                                                              "set it to this pair's entry in the router's "
                                                              "--worker-urls"))
-    if (values.get("TWINSPARK_ROUTER_URL") or "").strip().lower().startswith("http://") and \
-            not router_url_is_local(values["TWINSPARK_ROUTER_URL"]):
-        problems.append(Problem("TWINSPARK_ROUTER_URL", "must be https: the drain sends the router's admin key, which "
-                                                        "goes only over TLS, to the router front's admin listener "
-                                                        "(issue 43, row 8); unset it for https://<router>:"
-                                                        "<twinspark_router_admin_port, 30443>"))
     model = values.get("MODEL", "")
     if model.startswith("/") and values.get("MODEL_REVISION"):
         problems.append(Problem("MODEL_REVISION", f"must be empty for a local model directory (MODEL={model}); "

@@ -32,6 +32,7 @@ together around any piece of work.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -61,7 +62,9 @@ class RouterRef:
     url: str
     pair_url: str
     key: str | None
-    # The router's certificate, the only trust anchor of an https router URL (the admin listener, issue 43 row 8).
+    # Where the admin key goes (issue 43, row 8): the router front's admin listener (https) and the router's
+    # certificate, its only trust anchor, as role router wrote them on this head; None when not known here.
+    admin_url: str | None = None
     ca: str | None = None
 
 
@@ -73,12 +76,12 @@ def _http_url(value: str, env: str) -> str:
                          "with site.yml") from None
 
 
-def router_from_env(env: Mapping[str, str], key: str | None, ca: str | None = None) -> RouterRef | None:
+def router_from_env(env: Mapping[str, str], key: str | None,
+                    admin: Mapping[str, str] | None = None) -> RouterRef | None:
     """The router named by the env files, or None when there is none (a pair without a router: no drain at all).
-    `ca`: the router's certificate on this head (layout router_drain_ca), for an https router URL.
+    `admin`: this head's record of the router's admin listener (`read_admin`), used when it names the same router.
 
-    Raises ValueError naming the variable when the router is named but the pair's URL is missing or malformed, or
-    when it is plain http to another host: the admin key goes only over TLS (issue 43, row 8)."""
+    Raises ValueError naming the variable when the router is named but the pair's URL is missing or malformed."""
     router = (env.get(ROUTER_URL_ENV) or "").strip()
     if not router:
         return None
@@ -88,11 +91,42 @@ def router_from_env(env: Mapping[str, str], key: str | None, ca: str | None = No
                          f"which pair to take out; set {PAIR_URL_ENV.lower()} to this pair's entry in "
                          "the router's --worker-urls")
     url = _http_url(router, ROUTER_URL_ENV)
-    if url.lower().startswith("http://") and not validate.router_url_is_local(url):
-        raise ValueError(f"{ROUTER_URL_ENV}={router!r} is plain http to another host: the drain sends the router's "
-                         "admin key, which goes only over TLS; unset twinspark_router_url (the default is the "
-                         "router's admin listener, https://<router>:30443) and render the env files with site.yml")
-    return RouterRef(url, _http_url(pair, PAIR_URL_ENV), key, ca if url.lower().startswith("https://") else None)
+    admin_url, ca = admin_listener(url, admin)
+    return RouterRef(url, _http_url(pair, PAIR_URL_ENV), key, admin_url, ca)
+
+
+def admin_listener(router_url: str, admin: Mapping[str, str] | None) -> tuple[str | None, str | None]:
+    """(where the admin key goes, the certificate to verify it against) for the router at `router_url`: the admin
+    listener this head's record names for that same router; else, for a router on this host's loopback, the router
+    URL itself (plain HTTP that never leaves the host); else (None, None): the admin key is not sent."""
+    if admin:
+        try:
+            named = validate.base_url(str(admin.get("router", "")))
+            listener = validate.base_url(str(admin.get("url", "")))
+        except ValueError:
+            named = listener = ""
+        if named == router_url and listener:
+            return listener, str(admin.get("ca") or "") or None
+    if validate.router_url_is_local(router_url):
+        return router_url, None
+    return None, None
+
+
+MAX_ADMIN_FILE_BYTES = 4096
+
+
+def read_admin(path: Path) -> dict[str, str] | None:
+    """This head's record of the router's admin listener ({"router", "url", "ca"}, written by role router); None
+    when it is missing, unreadable or not such a record."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_ADMIN_FILE_BYTES + 1)
+        record = json.loads(raw) if len(raw) <= MAX_ADMIN_FILE_BYTES else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("router", "url", "ca")):
+        return None
+    return {k: record[k] for k in ("router", "url", "ca")}
 
 
 def key_from_text(text: str) -> str | None:
@@ -175,6 +209,22 @@ def read_key(path: Path) -> str | None:
     return key_from_text(raw.decode("utf-8", errors="replace"))
 
 
+def admin_refusal(ref: RouterRef) -> str | None:
+    """Why the admin key may not be sent for `ref` (issue 43, row 8: it goes over the network only in TLS, to the
+    admin listener, verified against the router's certificate); None when it may."""
+    where = "site.yml's router play writes the record and the certificate on each head it fronts"
+    if not ref.admin_url:
+        return (f"the router's admin listener is not known on this head (no record for {ref.url}), so the admin key "
+                f"is not sent; {where}")
+    if ref.admin_url.lower().startswith("https://"):
+        if not (ref.ca and Path(ref.ca).is_file()):
+            return f"the router's certificate is not at {ref.ca} on this head, so the admin key is not sent; {where}"
+        return None
+    if not validate.router_url_is_local(ref.admin_url):
+        return f"{ref.admin_url} is plain http to another host: the admin key goes there only over TLS; {where}"
+    return None
+
+
 class Router:
     """The router's admin API for one pair."""
 
@@ -185,10 +235,10 @@ class Router:
 
     def _http(self, method: str) -> Post:
         def send(path: str, timeout_s: float) -> tuple[int | None, str]:
-            if self.ref.url.lower().startswith("https://") and not (self.ref.ca and Path(self.ref.ca).is_file()):
-                return None, (f"the router's certificate is not at {self.ref.ca} on this head, so the admin key is "
-                              "not sent; site.yml's router play puts it there")
-            return router_client.request(self.ref.url, path, self.ref.key, method, timeout_s=timeout_s,
+            refused = admin_refusal(self.ref)
+            if refused:
+                return None, refused
+            return router_client.request(str(self.ref.admin_url), path, self.ref.key, method, timeout_s=timeout_s,
                                          ca=self.ref.ca)
 
         return send

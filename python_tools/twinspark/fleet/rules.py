@@ -230,11 +230,11 @@ def controller_router_ca(router: Mapping[str, Any], name: str, home: str | None 
 
 def drain_heads(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
                 router: str) -> list[str]:
-    """The heads whose drain goes to `router`'s admin listener (drain_defaults, or a URL set by hand that names it):
-    each gets the router's certificate as the drain's only trust anchor."""
+    """The heads whose drain goes to `router` (drain_defaults, or a URL set by hand that names it): each gets the
+    router's admin listener (its URL and certificate, the drain's only trust anchor; issue 43 row 8)."""
     found, _ = pairs(host_vars, groups)
     fronted, _ = router_pairs(host_vars.get(router, {}), found)
-    mine = router_admin_url(host_vars.get(router, {}), router)
+    mine = router_url(host_vars.get(router, {}), router)
     heads = []
     for pair in fronted:
         head_vars = host_vars.get(pair.head, {})
@@ -258,7 +258,7 @@ def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
     for router in routers:
         fronted, _ = router_pairs(host_vars.get(router, {}), known)
         if any(candidate.name == pair.name for candidate in fronted):
-            return {ROUTER_URL_VAR: router_admin_url(host_vars.get(router, {}), router),
+            return {ROUTER_URL_VAR: router_url(host_vars.get(router, {}), router),
                     ROUTER_PAIR_URL_VAR: head_url(host_vars.get(pair.head, {}), pair.head)}
     return {}
 

@@ -50,7 +50,8 @@ def _pair_from_args(args: argparse.Namespace) -> LivePair:
     api = head_api.api_from_env(env)
     # the router's admin key (its front refuses the clients' key on the admin paths), never the pair's API key
     where = layout.current()
-    ref = drain.router_from_env(env, drain.read_key(Path(where.router_drain_key)), where.router_drain_ca)
+    ref = drain.router_from_env(env, drain.read_key(Path(where.router_drain_key)),
+                                drain.read_admin(Path(where.router_drain_admin)))
     return LivePair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
                 known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
                 fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env,
