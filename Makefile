@@ -29,7 +29,7 @@ promtool:
 	  else echo "make setup: promtool or amtool is missing (their tests are skipped); as root: scripts/install-host-packages prometheus prometheus-alertmanager"; fi; }
 
 lint: setup
-	ruff check python_tools scripts callback_plugins library
+	ruff check python_tools scripts callback_plugins library filter_plugins molecule
 	yamllint -s .
 	ansible-playbook -i inventory/example site.yml --syntax-check
 	ansible-lint --profile production
