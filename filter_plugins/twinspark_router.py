@@ -8,7 +8,7 @@ from pathlib import Path
 runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__.py"))  # python_tools/ on sys.path
 
 from ansible.errors import AnsibleFilterError
-from twinspark.fleet import router_config
+from twinspark.fleet import router_config, rules
 
 
 def twinspark_router_worker_urls(all_hostvars, groups, router):
@@ -33,17 +33,17 @@ def twinspark_router_startup_wait(all_hostvars, groups, router):
 def twinspark_router_drain_heads(all_hostvars, groups, router):
     """The heads whose drain goes to the router on host `router`: each gets its certificate (issue 43, row 8)."""
     plain = {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
-    return router_config.drain_heads(plain, groups, str(router))
+    return rules.drain_heads(plain, groups, str(router))
 
 
 def twinspark_router_controller_ca(all_hostvars, router):
     """Where the controller keeps the certificate of the router on host `router` (twinspark_router_ca_file)."""
-    return router_config.controller_ca({str(router): all_hostvars[router]}, str(router))
+    return rules.controller_router_ca(all_hostvars[router], str(router))
 
 
 def twinspark_router_admin_record(all_hostvars, router, ca):
     """The record of the router's admin listener each head whose drain goes to `router` gets (issue 43, row 8)."""
-    return router_config.admin_record({str(router): all_hostvars[router]}, str(router), str(ca))
+    return rules.admin_record(all_hostvars[router], str(router), str(ca))
 
 
 def twinspark_router_cert_argv(names, cert, key, days):

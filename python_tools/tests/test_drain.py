@@ -82,6 +82,14 @@ def test_the_admin_key_never_goes_to_another_host_in_plain_http_nor_unverified(t
     assert ok is False and "not known on this head" in line and sent == []
 
 
+@pytest.mark.parametrize(("url", "local"), [
+    ("http://127.0.0.1:30000", True), ("http://127.9.0.1:1", True), ("http://localhost:30000", True),
+    ("http://[::1]:30000", True), ("http://[::ffff:127.0.0.1]:30000", True), ("http://10.0.0.9:30000", False),
+    ("http://[::ffff:10.0.0.9]:30000", False), ("http://router.lan:30000", False)])
+def test_only_this_hosts_loopback_is_local(url, local):
+    assert drain.is_local(url) is local
+
+
 def test_the_admin_record_is_read_only_when_it_is_one(tmp_path):
     record = tmp_path / "router-admin.json"
     assert drain.read_admin(record) is None

@@ -319,12 +319,10 @@ def test_each_head_learns_its_routers_admin_listener_for_the_router_its_env_file
     """Issue 43, row 8: role router tells the heads whose drain goes to it where its admin listener is; the record
     names the router exactly as those heads' env files do (else the drain would not use it), and a head whose drain
     goes elsewhere gets none."""
-    from twinspark.fleet import router_config
-
     hostvars, groups = load(ROOT / "inventory" / "sim-fleet")
     plain = {host: hostvars[host] for host in groups["all"]}
-    assert router_config.drain_heads(plain, groups, "node5") == ["node1", "node3"]
-    record = router_config.admin_record(plain, "node5", "/var/lib/twinspark-control/router-ca.pem")
+    assert fleet.drain_heads(plain, groups, "node5") == ["node1", "node3"]
+    record = fleet.admin_record(plain["node5"], "node5", "/var/lib/twinspark-control/router-ca.pem")
     assert record == {"router": "http://10.78.0.5:30000", "url": "https://10.78.0.5:30443",
                       "ca": "/var/lib/twinspark-control/router-ca.pem"}
     for head in ("node1", "node3"):
@@ -334,17 +332,15 @@ def test_each_head_learns_its_routers_admin_listener_for_the_router_its_env_file
 
 
 def test_a_head_whose_drain_goes_elsewhere_gets_no_record_of_this_router(tmp_path):
-    from twinspark.fleet import router_config
-
     tree = fleet_inventory()
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(tree))
     hostvars, groups = load(path)
-    assert router_config.drain_heads(hostvars, groups, "r1") == ["a1", "b1"]
+    assert fleet.drain_heads(hostvars, groups, "r1") == ["a1", "b1"]
     tree["all"]["children"]["twinspark_pair"]["children"]["pair_a"]["vars"]["twinspark_router_url"] = ""
     path.write_text(yaml.safe_dump(tree))
     hostvars, groups = load(path)
-    assert router_config.drain_heads(hostvars, groups, "r1") == ["b1"]
+    assert fleet.drain_heads(hostvars, groups, "r1") == ["b1"]
 
 
 @pytest.mark.parametrize(("admin", "expected"), [

@@ -215,7 +215,8 @@ def test_the_front_parses_its_own_unit_line(monkeypatch):
 
     def server_not_started(listen, upstream, *_args, **kwargs):
         seen.append(dict(listen=listen, upstream=upstream, owner=kwargs.get("upstream_owner_uid"),
-                         tls=kwargs.get("tls"), admin_port=kwargs.get("admin_port")))
+                         tls=kwargs.get("tls"), admin_port=kwargs.get("admin_port"),
+                         caps=(kwargs.get("max_connections"), kwargs.get("max_per_source"))))
         if len(seen) == 2:
             raise ValueError("not started in a test")
         return None
@@ -231,8 +232,13 @@ def test_the_front_parses_its_own_unit_line(monkeypatch):
     # the router's port is trusted only when the router's account holds it (issue 43, row 1); the client port knows
     # the admin listener's port, and the admin listener speaks TLS with the credential's key (issue 43, row 8)
     assert seen == [
-        {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001", "owner": 4711, "tls": None, "admin_port": 30443},
-        {"listen": "0.0.0.0:30443", "upstream": "127.0.0.1:30001", "owner": 4711, "tls": "ctx", "admin_port": None}]
+        {"listen": "0.0.0.0:30000", "upstream": "127.0.0.1:30001", "owner": 4711, "tls": None, "admin_port": 30443,
+         "caps": (4096, 64)},
+        {"listen": "0.0.0.0:30443", "upstream": "127.0.0.1:30001", "owner": 4711, "tls": "ctx", "admin_port": None,
+         "caps": (64, 8)}]
+    # both listeners together, two descriptors a connection, stay within the unit's LimitNOFILE
+    unit = render("twinspark-router-front.service")
+    assert int(unit.split("LimitNOFILE=")[1].split()[0]) > 2 * (4096 + 64)
     assert [(str(c), str(k)) for c, k in tls_files] == [("/etc/twinspark-router/tls/cert.pem", "%d/tls-key")]
     assert "LoadCredential=tls-key:/etc/twinspark-router/tls/key.pem" in render("twinspark-router-front.service")
 

@@ -201,17 +201,6 @@ def _str(knob: Knob, text: str) -> str:
     return _single_line(text)
 
 
-def router_url_is_local(url: str) -> bool:
-    """Whether a URL names this host's loopback (plain HTTP stays on the host there)."""
-    host = (urllib.parse.urlsplit(url.strip()).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def base_url(text: str) -> str:
     """A base URL (http or https, a host, no path, query or fragment) without its trailing slash; ValueError says
     why not. The rule of the `url` type, and of the drain's router URLs on the node (twinspark.fleet.drain)."""

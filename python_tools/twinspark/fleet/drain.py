@@ -32,6 +32,7 @@ together around any piece of work.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 import urllib.parse
@@ -95,6 +96,20 @@ def router_from_env(env: Mapping[str, str], key: str | None,
     return RouterRef(url, _http_url(pair, PAIR_URL_ENV), key, admin_url, ca)
 
 
+def is_local(url: str) -> bool:
+    """Whether a URL names this host's loopback (plain HTTP stays on the host there)."""
+    host = (urllib.parse.urlsplit(url.strip()).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 def admin_listener(router_url: str, admin: Mapping[str, str] | None) -> tuple[str | None, str | None]:
     """(where the admin key goes, the certificate to verify it against) for the router at `router_url`: the admin
     listener this head's record names for that same router; else, for a router on this host's loopback, the router
@@ -107,7 +122,7 @@ def admin_listener(router_url: str, admin: Mapping[str, str] | None) -> tuple[st
             named = listener = ""
         if named == router_url and listener:
             return listener, str(admin.get("ca") or "") or None
-    if validate.router_url_is_local(router_url):
+    if is_local(router_url):
         return router_url, None
     return None, None
 
@@ -220,7 +235,7 @@ def admin_refusal(ref: RouterRef) -> str | None:
         if not (ref.ca and Path(ref.ca).is_file()):
             return f"the router's certificate is not at {ref.ca} on this head, so the admin key is not sent; {where}"
         return None
-    if not validate.router_url_is_local(ref.admin_url):
+    if not is_local(ref.admin_url):
         return f"{ref.admin_url} is plain http to another host: the admin key goes there only over TLS; {where}"
     return None
 

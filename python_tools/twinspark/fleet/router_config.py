@@ -94,20 +94,3 @@ def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, 
             "--worker-urls", *urls, *flags(policy, startup_wait_s)]
     return shlex.join(argv)
 
-
-def drain_heads(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]],
-                router: str) -> list[str]:
-    """The heads that get `router`'s certificate for their drain (rules.drain_heads)."""
-    return rules.drain_heads(host_vars, groups, router)
-
-
-def controller_ca(host_vars: Mapping[str, Mapping[str, Any]], router: str) -> str:
-    """Where the controller keeps `router`'s certificate (rules.controller_router_ca)."""
-    return rules.controller_router_ca(host_vars.get(router, {}), router)
-
-
-def admin_record(host_vars: Mapping[str, Mapping[str, Any]], router: str, ca: str) -> dict[str, str]:
-    """What role router writes on each head whose drain comes here (layout router_drain_admin): the router's URL as
-    the heads' env files name it, its front's admin listener, and where the head keeps the router's certificate."""
-    vars_ = host_vars.get(router, {})
-    return {"router": rules.router_url(vars_, router), "url": rules.router_admin_url(vars_, router), "ca": str(ca)}

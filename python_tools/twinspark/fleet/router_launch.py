@@ -65,6 +65,9 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_PER_SOURCE = 64
+# The admin listener's own caps (issue 43, row 8): its callers are the heads' drains and an operator.
+ADMIN_MAX_CONNECTIONS = 64
+ADMIN_MAX_PER_SOURCE = 8
 # Every path of vllm-router 0.1.17 that changes its worker set or state, or tells which workers it has and how
 # loaded they are (its src/server.rs admin and worker routes): the admin key only. `ADMIN_PREFIXES`: their
 # sub-paths (/workers/{url}).
@@ -699,8 +702,12 @@ def main(argv: list[str] | None = None) -> int:
                                       KeyFiles([opts.admin_key_file]), opts.max_body_bytes, admin_port=admin_port,
                                       **common)
                 if tls is not None:
+                    # Its callers are the heads' drains and an operator, never the clients: a few connections, so
+                    # that both listeners together stay within the unit's LimitNOFILE and TasksMax.
+                    admin_caps = dict(max_connections=min(ADMIN_MAX_CONNECTIONS, opts.max_connections),
+                                      max_per_source=min(ADMIN_MAX_PER_SOURCE, opts.max_per_source))
                     admin = front_server(opts.admin_listen, opts.upstream, [], KeyFiles([opts.admin_key_file]),
-                                         opts.max_body_bytes, tls=tls, **common)
+                                         opts.max_body_bytes, tls=tls, **{**common, **admin_caps})
                     threading.Thread(target=admin.serve_forever, daemon=True).start()
             thread = threading.Thread(target=server.serve_forever, daemon=True)
             thread.start()

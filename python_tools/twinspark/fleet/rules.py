@@ -205,18 +205,19 @@ def head_url(head: Mapping[str, Any], name: str) -> str:
 
 def router_url(router: Mapping[str, Any], name: str) -> str:
     """The router's own base URL, as clients (and `twinspark health`) reach it."""
-    address = str(router.get("ansible_host") or name)
-    port = int(str(router.get(ROUTER_PORT_VAR, DEFAULT_ROUTER_PORT)))
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
+    return _router_base(router, name, "http", ROUTER_PORT_VAR, DEFAULT_ROUTER_PORT)
 
 
 def router_admin_url(router: Mapping[str, Any], name: str) -> str:
     """The router front's admin listener (TLS, issue 43 row 8), where the admin key goes and nowhere else."""
+    return _router_base(router, name, "https", ROUTER_ADMIN_PORT_VAR, DEFAULT_ROUTER_ADMIN_PORT)
+
+
+def _router_base(router: Mapping[str, Any], name: str, scheme: str, var: str, default: int) -> str:
     address = str(router.get("ansible_host") or name)
-    port = int(str(router.get(ROUTER_ADMIN_PORT_VAR, DEFAULT_ROUTER_ADMIN_PORT)))
+    port = int(str(router.get(var, default)))
     host = f"[{address}]" if ":" in address else address
-    return f"https://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def controller_router_ca(router: Mapping[str, Any], name: str, home: str | None = None) -> str:
@@ -243,6 +244,13 @@ def drain_heads(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str,
         if url and url.rstrip("/") == mine:
             heads.append(pair.head)
     return heads
+
+
+def admin_record(router: Mapping[str, Any], name: str, ca: str) -> dict[str, str]:
+    """What role router writes on each head whose drain comes to router `name` (layout router_drain_admin): the
+    router's URL as those heads' env files name it, its front's admin listener, and where the head keeps the
+    router's certificate (twinspark.fleet.drain.admin_listener reads it)."""
+    return {"router": router_url(router, name), "url": router_admin_url(router, name), "ca": str(ca)}
 
 
 def drain_defaults(host: str, host_vars: Mapping[str, Mapping[str, Any]],
