@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,12 @@ def _vllm_env(hf_home: Path) -> dict[str, str]:
 
 
 def runtime_check(python: Path, hf_home: Path, env_file: Path, *extra: str) -> tuple[int, dict, str]:
-    """`twinspark runtime check` as the service role runs it, config.json found in the pinned snapshot."""
+    """`twinspark runtime check` as the service role runs it, config.json found in the pinned snapshot. vLLM's cache
+    is kept beside the venv (--vllm-cache), as the recipe proofs keep it: its registry inspects a model class in a
+    subprocess of its own (a second vLLM import) only the first time."""
     done = subprocess.run(
         [str(python), "-m", "twinspark.cli", "runtime", "check", "--env", str(env_file), "--capability", GB10,
-         "--assume-kernels", "--json", *extra],
+         "--assume-kernels", "--json", "--vllm-cache", str(python.parents[2] / "vllm-cache"), *extra],
         capture_output=True, text=True, timeout=600, env=_vllm_env(hf_home), cwd=REPO,
     )
     assert done.stdout.strip(), done.stderr[-4000:]
@@ -283,6 +286,29 @@ def test_runtime_check_without_vllm_is_exit_1_naming_the_venv(tmp_path, capsys):
     code = cli.main(["runtime", "check", "--env", str(env_file(tmp_path, 0)), "--no-gpu"])
     assert code == 1
     assert "vLLM is not importable here" in capsys.readouterr().err
+
+
+def test_vllms_cache_is_scratch_unless_the_caller_names_its_own(tmp_path, monkeypatch):
+    """--vllm-cache moves only VLLM_CACHE_ROOT, and only when given; the other caches stay in the scratch."""
+    seen: list[dict[str, str]] = []
+
+    class Judged(Exception):
+        pass
+
+    def judge(*_args, **_kwargs):
+        seen.append({key: os.environ[key] for key in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME")})
+        raise Judged
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setattr(vllmcheck, "check", judge)
+    for extra in ([], ["--vllm-cache", str(tmp_path / "cache")]):
+        with pytest.raises(Judged):
+            cli.main(["runtime", "check", "--env", str(env_file(tmp_path, 0)), "--capability", GB10, *extra])
+    scratch = Path(seen[0]["XDG_CACHE_HOME"]).parent
+    assert scratch.name.startswith("twinspark-runtime-check-") and not scratch.exists()
+    assert seen[0]["VLLM_CACHE_ROOT"] == str(scratch / "vllm_cache_root")
+    assert seen[1]["VLLM_CACHE_ROOT"] == str(tmp_path / "cache")
+    assert Path(seen[1]["XDG_CACHE_HOME"]).parent.name.startswith("twinspark-runtime-check-")
 
 
 def test_model_config_path_is_the_pinned_snapshot_or_the_local_directory():

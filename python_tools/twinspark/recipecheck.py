@@ -126,6 +126,15 @@ def _literal(relative: str, name: str) -> list[str]:
     raise LookupError(f"{name} not found in vllm/{relative}")
 
 
+def _answer_or_error(fn) -> tuple[bool, object]:
+    """(True, fn()) or (False, the error's text): run in vLLM's registry subprocess, one class's failure to import
+    does not cost the others their answers."""
+    try:
+        return True, fn()
+    except Exception as error:  # noqa: BLE001 - reported per class, as vLLM's registry logs and answers None
+        return False, repr(error)
+
+
 class _Catalogues:
     """vLLM's own lists, read once per process (importing them costs seconds)."""
 
@@ -146,6 +155,56 @@ class _Catalogues:
         self.environment = set(vllm.envs.environment_variables)
         self.version = getattr(vllm, "__version__", "?")
         self._pp: dict[str, bool | None] = {}
+
+    def inspect_together(self, architectures: Sequence[str]) -> None:
+        """Have vLLM's registry inspect, in one subprocess, every model class of `architectures` it has not cached.
+
+        The registry imports each class it has not seen in a subprocess of its own, which imports vLLM and torch again
+        (seconds each; nine recipes, nine subprocesses on a fresh machine). Here each class's own
+        `inspect_model_cls` runs twice: first to collect what it would run in its subprocess (its cache lookup comes
+        first, so a cached class asks for nothing), then, once one subprocess has run them all, to take its answer and
+        cache it exactly as vLLM does, by its source hash. Should that subprocess fail (a class that cannot be
+        imported here), nothing is cached and each class is inspected on its own when asked, as before."""
+        # vllm: only where it is installed.
+        from vllm.model_executor.models import registry as vllm_registry
+
+        class Deferred(Exception):
+            pass
+
+        def defer(fn):
+            asked.append(fn)
+            raise Deferred
+
+        run_alone = vllm_registry._run_in_subprocess
+        names = [name for name in dict.fromkeys(architectures) if name in self.registry.models]
+        models = [self.registry.models[name] for name in names]
+
+        def architectures_of(chosen):
+            return [names[models.index(model)] for model in chosen]
+
+        waiting, asked = [], []
+        try:
+            vllm_registry._run_in_subprocess = defer
+            for model in models:
+                try:
+                    model.inspect_model_cls()
+                except Deferred:
+                    waiting.append(model)
+            if len(waiting) < 2:
+                return
+            try:
+                answers = run_alone(lambda: [_answer_or_error(fn) for fn in asked])
+            except Exception:  # noqa: BLE001 - each class is then inspected on its own, as vLLM would
+                return
+            for name, model, (answered, answer) in zip(architectures_of(waiting), waiting, answers, strict=True):
+                if not answered:
+                    # What vLLM's _try_inspect_model_cls answers for a class it cannot import: None.
+                    self._pp[name] = None
+                    continue
+                vllm_registry._run_in_subprocess = lambda _fn, answer=answer: answer
+                model.inspect_model_cls()
+        finally:
+            vllm_registry._run_in_subprocess = run_alone
 
     def supports_pp(self, architecture: str) -> bool | None:
         """vLLM's registry's answer (it imports the model class in a subprocess and caches the answer under
@@ -258,6 +317,8 @@ def check(names: Sequence[str], nodes: int | None, flavour: str | None, memory: 
         models = stand_in_models(names, home)
         os.environ.update(HF_HOME=str(home), HF_HUB_OFFLINE="1")
     found = _Catalogues() if with_vllm else None
+    if found is not None:
+        found.inspect_together([recipe.get(name).architecture["architectures"][0] for name in names])
     out: dict[str, object] = {"vllm": found.version if found else None, "recipes": {}}
     if every and nodes is not None:
         names = [name for name in names if recipe.get(name).layout_for(nodes) is not None]

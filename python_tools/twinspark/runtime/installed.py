@@ -269,6 +269,8 @@ def _check_command(args: argparse.Namespace) -> int:
         # Whatever vLLM or torch caches while importing goes to a scratch directory, never into the service user's
         # cache directories: typed by hand as root, root-owned files there would break the next start.
         os.environ.update({key: str(Path(scratch) / key.lower()) for key in SCRATCH_DIRS})
+        if args.vllm_cache:
+            os.environ["VLLM_CACHE_ROOT"] = os.path.abspath(args.vllm_cache)
         try:
             # vllm: only in the serving venv; importing it is the check.
             import vllm  # noqa: F401
@@ -355,6 +357,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     checker.add_argument("--assume-kernels", action="store_true",
                          help="for machines without the CUDA kernel packages (CI): assume FlashInfer's SM120 "
                               "sparse MLA API is present instead of failing on its absence; reported as a note")
+    checker.add_argument("--vllm-cache", metavar="DIR",
+                         help="keep vLLM's cache (among it what its registry learned of each model class, by the "
+                              "class's source hash) in DIR instead of a scratch directory, so that the next check "
+                              "skips the registry's subprocess; DIR must be the caller's own (default: scratch)")
     checker.add_argument("--json", action="store_true", help="print the report as JSON")
     checker.set_defaults(func=_check_command)
     report = verbs.add_parser("facts", help=__doc__.splitlines()[0], description=__doc__)
