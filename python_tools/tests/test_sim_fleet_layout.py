@@ -63,9 +63,12 @@ def test_a_bad_layout_is_one_line_naming_the_variable(tmp_path, env, message):
     assert code == 2 and stderr.startswith(message) and "\n" not in stderr
 
 
-def test_the_committed_fleet_inventory_is_the_generators_two_pair_output():
-    assert GENERATOR.hosts_yml(2) == (ROOT / "inventory" / "sim-fleet" / "hosts.yml").read_text(), \
-        "regenerate: python3 scripts/sim/fleet-inventory.py 2 > inventory/sim-fleet/hosts.yml"
+@pytest.mark.parametrize(("directory", "pairs"), [("sim-fleet", 2), ("sim-fleet-one", 1)])
+def test_the_committed_fleet_inventories_are_the_generators_output(directory, pairs):
+    """inventory/sim-fleet (make sim-test-fleet, make demo FLEET=1) and inventory/sim-fleet-one (CI's fleet smoke)."""
+    assert GENERATOR.hosts_yml(pairs) == (ROOT / "inventory" / directory / "hosts.yml").read_text(), \
+        f"regenerate: python3 scripts/sim/fleet-inventory.py {pairs} > inventory/{directory}/hosts.yml"
+    assert os.readlink(ROOT / "inventory" / directory / "group_vars" / "all") == "../../sim/group_vars/all"
 
 
 @pytest.mark.parametrize("pairs", [1, 3, 5])
