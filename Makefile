@@ -82,9 +82,11 @@ demo: setup
 	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) TWINSPARK_SIM_RECIPE=$(RECIPE) scripts/sim/demo
 
 # The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
-# every playbook run against the pair does.
+# every playbook run against the pair does. KEEP=1 skips its destroy steps (molecule's --destroy never): the pair is
+# left serving as its faults left it, for make sim-test-fleet-one to put a router in front of it (.ci/run).
+KEEP ?=
 sim-test: setup
-	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 molecule test --scenario-name default
+	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 molecule test --scenario-name default $(if $(KEEP),--destroy never)
 
 # Every scripted fault on a converged simulated pair (make demo first): CI's share (molecule/default/faults.yml, the
 # sim-test side effect), then what CI's 60-minute budget leaves out: a killed and a rebooted worker, a frozen worker
@@ -130,11 +132,14 @@ sim-test-fleet: setup
 	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name fleet
 
 # CI's share (.ci/run): the same scenario and checks on one pair and a router node (inventory/sim-fleet-one): the
-# router's front, keys, TLS admin listener, drain and rotation, without a second pair to converge (about 200 s less
-# on 2 cores). Between pairs the router's failover is proven in make test (tests/test_router_loopback.py).
+# router's front, keys, TLS admin listener, drain and rotation, without a second pair to converge. Where the
+# simulated pair already serves (make demo, or make sim-test KEEP=1 as in CI), the harness adds the router node beside
+# it and site.yml puts the router in front of the serving pair, as an operator would; otherwise it builds all three
+# nodes. The fleet is left running (make sim-down). Between pairs the router's failover is proven in make test
+# (tests/test_router_loopback.py).
 sim-test-fleet-one: setup
 	TWINSPARK_SIM_PAIRS=1 TWINSPARK_FLEET_INVENTORY=inventory/sim-fleet-one \
-	  flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name fleet
+	  flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name fleet --destroy never
 
 # With the pair down, prove no packet for a node can leave this machine: safety-net routes and every tool refusing.
 sim-airtight: setup

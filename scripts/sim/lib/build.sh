@@ -38,6 +38,28 @@ pair_is_running() {
 }
 is_in_layout() { local m; for m in "${NODES[@]}"; do [ "$m" = "$1" ] && return 0; done; return 1; }
 
+# A fleet of one pair asked for while the simulated pair runs (node1 and node2 at the same addresses, joined by the
+# same ic0): only its router node is missing. `up` then adds that node beside the running pair instead of tearing
+# the pair down, as an operator puts a router in front of a pair that serves (CI's fleet smoke reuses the pair its
+# fault step left serving: .ci/run).
+pair_lacks_only_its_router() {
+  local n
+  [ -n "$FLEET" ] && [ "$SIM_PAIRS" = 1 ] && [ -z "$SIM_GROUP" ] || return 1
+  ip route show type blackhole | grep -q "^blackhole $IC_PREFIX.0/24" || return 1
+  ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
+  ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
+  for n in "${PAIRS[@]}"; do
+    # shellcheck disable=SC2086  # a pair is "head worker"
+    set -- $n
+    launcher_pid "$1" >/dev/null && launcher_pid "$2" >/dev/null || return 1
+    ip link show "$(host_veth "$1")" >/dev/null 2>&1 && ip link show "$(host_veth "$2")" >/dev/null 2>&1 || return 1
+  done
+  ! launcher_pid "$ROUTER_NODE" >/dev/null && ! ip netns pids "$ROUTER_NODE" >/dev/null 2>&1 || return 1
+  for n in "${ALL_NODES[@]}"; do
+    is_in_layout "$n" || ! launcher_pid "$n" >/dev/null || return 1
+  done
+}
+
 ensure_apt_cache() {
   if acng_listening; then log "apt-cacher-ng running (pid $(acng_pid))"; return 0; fi
   stop_apt_cache
@@ -93,14 +115,35 @@ network_up() {
   ip link add "$BRIDGE" type bridge
   ip addr add "$HOST_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
-  for n in "${NODES[@]}"; do
-    i=$(node_index "$n") v=$(host_veth "$n")
-    ip link add "$v" type veth peer name mgmt0 netns "$n"
-    ip link set "$v" master "$BRIDGE" up
-    ip -n "$n" addr add "$MGMT_PREFIX.$i/24" dev mgmt0
-    ip -n "$n" link set mgmt0 up
-  done
+  for n in "${NODES[@]}"; do management_link "$n"; done
   log "netns: $(ip netns list | tr '\n' ' ')"
+}
+
+# A node's management interface: mgmt0 in its namespace, its veth on the bridge, its address 10.78.0.<n>.
+management_link() {
+  local n=$1 i v
+  i=$(node_index "$n") v=$(host_veth "$n")
+  ip link add "$v" type veth peer name mgmt0 netns "$n"
+  ip link set "$v" master "$BRIDGE" up
+  ip -n "$n" addr add "$MGMT_PREFIX.$i/24" dev mgmt0
+  ip -n "$n" link set mgmt0 up
+}
+
+# The router node of a one-pair fleet beside the running pair (pair_lacks_only_its_router): its namespace and
+# management link, the pair's /etc/hosts naming it too, booted and answering over SSH. The pair is not touched.
+add_router_node() {
+  local n=$ROUTER_NODE m t
+  safety_net
+  ip netns add "$n"
+  ip -n "$n" link set lo up
+  management_link "$n"
+  for m in "${NODES[@]}"; do
+    [ "$m" = "$n" ] || hosts_file "$m" >"$SIM_DIR/nodes/$m/root/etc/hosts"
+  done
+  t=$(now)
+  start_node "$n"
+  wait_node_booted "$n" "$t"
+  wait_node_ssh "$n"
 }
 
 apt_cache_up() {
@@ -268,9 +311,10 @@ boot_nodes() {
 # fleet converge sat 19 minutes in it (apt's own Acquire::http::Timeout did not end the wait). One node after the
 # other here, bounded and retried, fills the lists and the cache before any play; the roles' apt tasks then find
 # lists younger than their cache_valid_time and do not update again.
-apt_lists() {
+apt_lists() {  # apt_lists [NODE...]: every node of the layout when none is named
   local n try
-  for n in "${NODES[@]}"; do
+  [ "$#" -gt 0 ] || set -- "${NODES[@]}"
+  for n in "$@"; do
     for try in 1 2 3; do
       if SSH_TIMEOUT=150 node_ssh "$n" timeout 120 apt-get update -q >>"$SIM_DIR/logs/apt-lists.log" 2>&1; then
         break
