@@ -87,6 +87,28 @@ def test_the_worker_key_is_the_routers_api_key_and_never_also_a_flag():
         router_launch.router_kwargs([*argv, "--api-key", "sk-in-argv"], ["http://127.0.0.1:30099/"], "sk-pair")
 
 
+def test_a_router_in_front_of_one_pair_is_not_started_with_power_of_two():
+    """vllm-router refuses power_of_two with one worker at start (it exited, systemd restarted it every two seconds:
+    found putting a router in front of one pair); that router gets round_robin, two pairs or more keep the default."""
+    one = shlex.split(router_config.exec_start("py", "l.py", "http://127.0.0.1:1/", "0.0.0.0", 30000, 29000,
+                                               ["http://192.0.2.1:8888"]))
+    two = shlex.split(router_config.exec_start("py", "l.py", "http://127.0.0.1:1/", "0.0.0.0", 30000, 29000,
+                                               ["http://192.0.2.1:8888", "http://192.0.2.3:8888"]))
+    assert one[one.index("--policy") + 1] == "round_robin" and one.count("--policy") == 1
+    assert two[two.index("--policy") + 1] == "power_of_two"
+    assert router_config.policy_for("cache_aware", 1) == "cache_aware"
+    pytest.importorskip("vllm_router", reason="vllm-router 0.1.17 is not installed here (make setup installs it)")
+    from vllm_router.router import Router
+    from vllm_router_rs import Router as RustRouter
+
+    def start(policy: str) -> None:
+        argv = ["--worker-urls", "http://127.0.0.1:9", *router_config.flags(policy)]  # never dialled: refused first
+        Router(router=RustRouter(**router_launch.router_kwargs(argv, ["http://127.0.0.1:30099/"]))).start()
+
+    with pytest.raises(ValueError, match="Power-of-two policy requires at least 2 workers"):
+        start("power_of_two")
+
+
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="router_policy"):
         router_config.flags("fastest")

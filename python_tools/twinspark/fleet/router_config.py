@@ -38,6 +38,17 @@ TUNED = {
 STARTUP_WAIT_FLAG = "--worker-startup-timeout-secs"
 
 
+# vllm-router refuses to start power_of_two in front of one worker ("Power-of-two policy requires at least 2
+# workers", exit 1, so systemd restarted it every two seconds): a router fronting a single pair is given round_robin,
+# which with one worker always picks it and is what power_of_two amounts to there.
+SINGLE_WORKER_POLICY = "round_robin"
+
+
+def policy_for(policy: str, workers: int) -> str:
+    """The policy the router is started with for `workers` pairs (SINGLE_WORKER_POLICY for power_of_two alone)."""
+    return SINGLE_WORKER_POLICY if policy == "power_of_two" and workers < 2 else policy
+
+
 def flags(policy: str = DEFAULT_POLICY, startup_wait_s: int | None = None) -> list[str]:
     """--policy and the tuned flags, in a stable order; `startup_wait_s` (`startup_wait`) when given, else the
     router's own default (the loopback drills)."""
@@ -86,11 +97,13 @@ def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, 
                startup_wait_s: int | None = None) -> str:
     """The router unit's ExecStart=: router_launch.py serve (as the role copies it), the key check URL, the file of
     the key the router sends to the pairs itself (its proxied paths, /tokenize among them), then the router's own
-    flags (`startup_wait_s`: see `startup_wait`)."""
+    flags (`startup_wait_s`: see `startup_wait`; the policy as `policy_for` gives it for this many pairs)."""
     key = ["--worker-key-file", worker_key_file] if worker_key_file else []
     argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, *key, "--",
             "--host", listen_host, "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--worker-urls", *urls, *flags(policy, startup_wait_s)]
+    if policy in POLICIES:
+        argv[argv.index("--policy") + 1] = policy_for(policy, len(urls))
     return shlex.join(argv)
 
