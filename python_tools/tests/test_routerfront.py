@@ -675,4 +675,7 @@ def test_the_drain_lists_and_removes_over_tls_trusting_the_routers_certificate_a
     seen = len(upstream.seen)
     ok, line = drain.Router(drain.RouterRef(ref.url, ref.pair_url, ADMIN, ref.admin_url, str(other))).call("remove")
     assert ok is False and "cannot be reached" in line
+    # the fix it names is the router's certificate, not a pair's (issue 43: it named twinspark_vllm_tls_ca)
+    assert "does not verify against" in line and "router play again" in line, line
+    assert "twinspark_vllm_tls_ca" not in line and line.startswith(f"router https://127.0.0.1:{admin_port} ")
     assert len(upstream.seen) == seen

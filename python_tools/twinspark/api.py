@@ -178,16 +178,20 @@ def parse_metrics(text: str) -> dict[str, object]:
     return metrics
 
 
-def describe_error(error: Exception, ca: str | None = None) -> str:
-    """One line for a failed request: a TLS failure says what was verified against what and the fix."""
+# What to do when a pair's https API does not verify (describe_error's default fix).
+PAIR_TLS_FIX = "set twinspark_vllm_tls_ca to the CA that signed it (or the certificate itself when self-signed)"
+
+
+def describe_error(error: Exception, ca: str | None = None, tls_fix: str = PAIR_TLS_FIX) -> str:
+    """One line for a failed request: a TLS failure says what was verified against what and `tls_fix`, the fix for
+    the listener asked (a pair's API by default; the router's admin listener names its own)."""
     kind = type(error).__name__
     text = str(error)
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
         match = re.search(r"certificate verify failed: ([^(')\"]+)", text)
         reason = match.group(1).strip() if match else "certificate verify failed"
         against = f"against {ca}" if isinstance(ca, str) else "against the system's CAs"
-        return (f"TLS: the server's certificate does not verify {against} ({reason}); set twinspark_vllm_tls_ca to "
-                "the CA that signed it (or the certificate itself when self-signed)")
+        return f"TLS: the server's certificate does not verify {against} ({reason}); {tls_fix}"
     if "WRONG_VERSION_NUMBER" in text or "record layer failure" in text:
         return (f"{kind}: the server does not speak TLS; twinspark_vllm_tls_cert is set here but the pair serves "
                 "plain HTTP (converge with site.yml)")
@@ -284,8 +288,10 @@ def session(ca: str | None = None, pool: int | None = None, owner_uid: object = 
     return out
 
 
-def request(http, method: str, url: str, timeout: float, **kwargs) -> tuple[dict[str, object], object]:
-    """One request; ({status_code, elapsed} or {error, elapsed}, the response or None). Never raises."""
+def request(http, method: str, url: str, timeout: float, tls_fix: str = PAIR_TLS_FIX,
+            **kwargs) -> tuple[dict[str, object], object]:
+    """One request; ({status_code, elapsed} or {error, elapsed}, the response or None). Never raises. `tls_fix`: what
+    a certificate that does not verify asks for (describe_error)."""
     started = time.monotonic()
     try:
         response = http.request(method, url, timeout=timeout, **kwargs)
@@ -298,7 +304,7 @@ def request(http, method: str, url: str, timeout: float, **kwargs) -> tuple[dict
             text = "no answer within the timeout"
         else:
             verify = getattr(http, "verify", None)
-            text = describe_error(error, verify if isinstance(verify, str) else None)
+            text = describe_error(error, verify if isinstance(verify, str) else None, tls_fix)
         return {"error": text, "elapsed": time.monotonic() - started}, None
     return {"status_code": response.status_code, "elapsed": time.monotonic() - started}, response
 

@@ -162,8 +162,10 @@ def admin_path(verb: str, pair_url: str) -> str:
 def admin_outcome(verb: str, status: int | None, body: str, router: str) -> tuple[bool, str]:
     """The router's answer to /add_worker or /remove_worker -> (the pair is where we want it, one line).
 
-    Removing a worker the router does not list, or adding one it lists already, is the wanted state too."""
-    text = " ".join(body.split())[:160]
+    Removing a worker the router does not list, or adding one it lists already, is the wanted state too. A router
+    that answered is quoted in 160 characters; a call that got no answer keeps its whole line (what went wrong and the
+    fix, router_client's)."""
+    text = " ".join(body.split())[:160 if status is not None else 600]
     if status == 200:
         return True, f"router {router}: {verb}_worker done"
     lowered = text.lower()
@@ -264,15 +266,20 @@ class Router:
         urls = router_client.listed_from_answer(status, body)
         if urls is not None:
             return urls, ""
-        text = " ".join(body.split())[:160]
+        text = " ".join(body.split())[:160 if status is not None else 600]
         if status is None:
-            return None, f"router {self.ref.url} cannot be reached ({text or 'no answer'}) for /list_workers"
-        return None, f"router {self.ref.url} answered {status} to /list_workers ({text})"
+            return None, f"router {self.asked} cannot be reached ({text or 'no answer'}) for /list_workers"
+        return None, f"router {self.asked} answered {status} to /list_workers ({text})"
+
+    @property
+    def asked(self) -> str:
+        """The router's listener its admin calls go to (the admin listener; the client URL where none is known)."""
+        return str(self.ref.admin_url or self.ref.url)
 
     def call(self, verb: str) -> tuple[bool, str]:
         status, body = self._post(admin_path(verb, self.ref.pair_url),
                                   ADD_TIMEOUT_S if verb == "add" else ADMIN_TIMEOUT_S)
-        return admin_outcome(verb, status, body, self.ref.url)
+        return admin_outcome(verb, status, body, self.asked)
 
 
 def wait_idle(read_metrics: Callable[[], Mapping[str, object]], timeout_s: float,

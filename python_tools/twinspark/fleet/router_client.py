@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from twinspark import api
+from twinspark import api, layout
 
 # The account the router's front runs as (roles/router/defaults/main.yml router_front_user; a test holds them equal).
 FRONT_ACCOUNT = "twinspark-router-front"
@@ -115,6 +115,13 @@ def first_time(samples: Iterable[tuple[float, bool]], want: bool, after: float) 
     return None
 
 
+# What to do when the router's admin listener does not verify against the certificate kept here (roles/router made
+# it on the router host; site.yml's router play fetches it to the controller and copies it to every head).
+def router_tls_fix() -> str:
+    return ("run site.yml's router play again: it copies the router's current certificate to the controller "
+            f"(twinspark_router_ca_file) and to every head ({layout.defaults()['router_drain_ca']})")
+
+
 def _request(url: str, key: str | None, body: bytes | None, method: str, timeout_s: float,
              ca: str | None = None) -> tuple[int | None, str]:
     """One request through the project's one API client (twinspark.api): (status, body), or (None, why). An https
@@ -124,7 +131,8 @@ def _request(url: str, key: str | None, body: bytes | None, method: str, timeout
     # when that account holds it, checked on the very connection (api.listener_problem). Where there is no such
     # account (a drill or a bench that runs the front itself), only to a listener of this process's own account.
     with api.session(ca=ca, owner_uid=api.account_uid(FRONT_ACCOUNT, missing=os.geteuid())) as http:
-        result, response = api.request(http, method, url, timeout_s, data=body, headers=headers)
+        result, response = api.request(http, method, url, timeout_s, tls_fix=router_tls_fix(), data=body,
+                                       headers=headers)
         if response is None:
             return None, str(result["error"])
         text = response.text
