@@ -109,6 +109,30 @@ def test_a_router_in_front_of_one_pair_is_not_started_with_power_of_two():
         start("power_of_two")
 
 
+@pytest.mark.parametrize(("days", "renewed"), [(2, True), (60, False)])
+def test_the_certificate_is_made_anew_before_it_expires(tmp_path, days, renewed):
+    """The role's own check (its task's argv, run here): a certificate with fewer days left than
+    router_tls_renew_days (30 by default) fails it, so the next task makes a new one; one with more passes."""
+    from twinspark import tls
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    tasks = {task["name"]: task for task in yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())}
+    read = next(task for name, task in tasks.items() if name.startswith("Read the names the admin listener's"))
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    tls.make_cert(cert, key, ["127.0.0.1"], days=days)
+    (tmp_path / "names").write_text("127.0.0.1\n")
+    values = {"router_tls_dir": str(tmp_path), "router_tls_cert": str(cert), "router_tls_key": str(key),
+              "router_tls_renew_days": defaults["router_tls_renew_days"]}
+    argv = [jinja2.Template(str(word)).render(**values) for word in read["ansible.builtin.command"]["argv"]]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.stdout.splitlines()[0] == "127.0.0.1"
+    assert (done.returncode != 0) is renewed, done.stdout + done.stderr
+    make = next(task for name, task in tasks.items() if name.startswith("Make the admin listener's certificate"))
+    assert "router_tls_made.rc != 0" in make["when"]
+
+
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="router_policy"):
         router_config.flags("fastest")
