@@ -130,7 +130,11 @@ def test_the_certificate_is_made_anew_before_it_expires(tmp_path, days, renewed)
     assert done.stdout.splitlines()[0] == "127.0.0.1"
     assert (done.returncode != 0) is renewed, done.stdout + done.stderr
     make = next(task for name, task in tasks.items() if name.startswith("Make the admin listener's certificate"))
-    assert "router_tls_made.rc != 0" in make["when"]
+    due = next(task for name, task in tasks.items() if name.startswith("Decide whether the admin listener's"))
+    assert "router_tls_made.rc != 0" in due["ansible.builtin.set_fact"]["router_tls_due"]
+    assert make["when"] == "router_tls_due | bool"
+    report = next(task for name, task in tasks.items() if name.startswith("Report that a real run makes"))
+    assert report["when"] == "ansible_check_mode and router_tls_due | bool" and report["changed_when"] is True
 
 
 def test_an_unknown_policy_is_refused():
