@@ -163,8 +163,9 @@ class _Catalogues:
         (seconds each; nine recipes, nine subprocesses on a fresh machine). Here each class's own
         `inspect_model_cls` runs twice: first to collect what it would run in its subprocess (its cache lookup comes
         first, so a cached class asks for nothing), then, once one subprocess has run them all, to take its answer and
-        cache it exactly as vLLM does, by its source hash. Should that subprocess fail (a class that cannot be
-        imported here), nothing is cached and each class is inspected on its own when asked, as before."""
+        cache it exactly as vLLM does, by its source hash. A class that cannot be imported there answers None, as
+        vLLM's own `_try_inspect_model_cls` does; should the subprocess itself fail, nothing is cached and each class
+        is inspected on its own when asked, as before."""
         # vllm: only where it is installed.
         from vllm.model_executor.models import registry as vllm_registry
 
@@ -176,27 +177,23 @@ class _Catalogues:
             raise Deferred
 
         run_alone = vllm_registry._run_in_subprocess
-        names = [name for name in dict.fromkeys(architectures) if name in self.registry.models]
-        models = [self.registry.models[name] for name in names]
-
-        def architectures_of(chosen):
-            return [names[models.index(model)] for model in chosen]
-
         waiting, asked = [], []
         try:
             vllm_registry._run_in_subprocess = defer
-            for model in models:
+            for name in dict.fromkeys(architectures):
+                model = self.registry.models.get(name)
                 try:
-                    model.inspect_model_cls()
+                    if model is not None:
+                        model.inspect_model_cls()
                 except Deferred:
-                    waiting.append(model)
+                    waiting.append((name, model))
             if len(waiting) < 2:
                 return
             try:
                 answers = run_alone(lambda: [_answer_or_error(fn) for fn in asked])
             except Exception:  # noqa: BLE001 - each class is then inspected on its own, as vLLM would
                 return
-            for name, model, (answered, answer) in zip(architectures_of(waiting), waiting, answers, strict=True):
+            for (name, model), (answered, answer) in zip(waiting, answers, strict=True):
                 if not answered:
                     # What vLLM's _try_inspect_model_cls answers for a class it cannot import: None.
                     self._pp[name] = None

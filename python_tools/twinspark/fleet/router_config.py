@@ -102,8 +102,6 @@ def exec_start(python: str, launcher: str, keycheck_url: str, listen_host: str, 
     argv = [python, "-I", launcher, "serve", "--key-check-url", keycheck_url, *key, "--",
             "--host", listen_host, "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--worker-urls", *urls, *flags(policy, startup_wait_s)]
-    if policy in POLICIES:
-        argv[argv.index("--policy") + 1] = policy_for(policy, len(urls))
+            "--worker-urls", *urls, *flags(policy_for(policy, len(urls)), startup_wait_s)]
     return shlex.join(argv)
 

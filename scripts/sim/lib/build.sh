@@ -21,17 +21,20 @@ base_stamp() { cat "$SIM_DIR/rootfs/base/etc/twinspark-sim-base" 2>/dev/null; }
 
 # The pair is running when both node launchers live and the network they hang off is complete. Then `up` only
 # checks it (bounded waits) and never tears it down: other people's playbook runs may be using it.
-pair_is_running() {
+pair_is_running() { nodes_are_running "${NODES[@]}"; }
+
+# nodes_are_running NODE...: the harness's network is complete, each NODE's launcher lives with its management veth,
+# and no node outside this layout runs (the fleet's node3..node5 when the pair is asked for: not this layout).
+nodes_are_running() {
   local n
   ip route show type blackhole | grep -q "^blackhole $IC_PREFIX.0/24" || return 1
   ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
   ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
   if switched; then ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1 || return 1; fi
-  for n in "${NODES[@]}"; do
+  for n in "$@"; do
     launcher_pid "$n" >/dev/null || return 1
     ip link show "$(host_veth "$n")" >/dev/null 2>&1 || return 1
   done
-  # A node of the other layout still running (the fleet's node3..node5 when the pair is asked for): not this layout.
   for n in "${ALL_NODES[@]}"; do
     is_in_layout "$n" || ! launcher_pid "$n" >/dev/null || return 1
   done
@@ -39,25 +42,14 @@ pair_is_running() {
 is_in_layout() { local m; for m in "${NODES[@]}"; do [ "$m" = "$1" ] && return 0; done; return 1; }
 
 # A fleet of one pair asked for while the simulated pair runs (node1 and node2 at the same addresses, joined by the
-# same ic0): only its router node is missing. `up` then adds that node beside the running pair instead of tearing
-# the pair down, as an operator puts a router in front of a pair that serves (CI's fleet smoke reuses the pair its
-# fault step left serving: .ci/run).
+# same ic0): only its router node is missing (no launcher, no namespace). `up` then adds that node beside the running
+# pair instead of tearing the pair down, as an operator puts a router in front of a pair that serves (CI's fleet
+# smoke reuses the pair its fault step left serving: .ci/run).
 pair_lacks_only_its_router() {
-  local n
   [ -n "$FLEET" ] && [ "$SIM_PAIRS" = 1 ] && [ -z "$SIM_GROUP" ] || return 1
-  ip route show type blackhole | grep -q "^blackhole $IC_PREFIX.0/24" || return 1
-  ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
-  ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
-  for n in "${PAIRS[@]}"; do
-    # shellcheck disable=SC2086  # a pair is "head worker"
-    set -- $n
-    launcher_pid "$1" >/dev/null && launcher_pid "$2" >/dev/null || return 1
-    ip link show "$(host_veth "$1")" >/dev/null 2>&1 && ip link show "$(host_veth "$2")" >/dev/null 2>&1 || return 1
-  done
   ! launcher_pid "$ROUTER_NODE" >/dev/null && ! ip netns pids "$ROUTER_NODE" >/dev/null 2>&1 || return 1
-  for n in "${ALL_NODES[@]}"; do
-    is_in_layout "$n" || ! launcher_pid "$n" >/dev/null || return 1
-  done
+  # shellcheck disable=SC2086  # the pair is "head worker"
+  nodes_are_running ${PAIRS[0]}
 }
 
 ensure_apt_cache() {
