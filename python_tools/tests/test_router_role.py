@@ -133,6 +133,10 @@ def test_the_certificate_is_made_anew_before_it_expires(tmp_path, days, renewed)
     due = next(task for name, task in tasks.items() if name.startswith("Decide whether the admin listener's"))
     assert "router_tls_made.rc != 0" in due["ansible.builtin.set_fact"]["router_tls_due"]
     assert make["when"] == "router_tls_due | bool"
+    guard = tasks["Refuse a renewal margin as long as the certificate's life (every run would make it anew)"]
+    margin = [jinja2.Environment().compile_expression(rule) for rule in guard["ansible.builtin.assert"]["that"]]
+    for renew, verdict in ((30, True), (825, False), (-1, False)):
+        assert all(rule(router_tls_renew_days=renew, router_tls_days=825) for rule in margin) is verdict, renew
     report = next(task for name, task in tasks.items() if name.startswith("Report that a real run makes"))
     assert report["when"] == "ansible_check_mode and router_tls_due | bool" and report["changed_when"] is True
 
