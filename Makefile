@@ -85,8 +85,13 @@ demo: setup
 # every playbook run against the pair does. KEEP=1 skips its destroy steps (molecule's --destroy never): the pair is
 # left serving as its faults left it, for make sim-test-fleet-one to put a router in front of it (.ci/run).
 KEEP ?=
+# Each molecule run starts from no recorded state (molecule reset: its state directory only, no node is touched):
+# where a KEEP=1 or fleet-one run left "created" recorded and the pair was taken down since (make sim-down), molecule
+# would skip create and converge nodes that do not run. scripts/sim/up is idempotent, so create always runs.
+MOLECULE_FRESH = molecule reset --scenario-name $(1) >/dev/null 2>&1 || { echo "molecule reset --scenario-name $(1) failed" >&2; exit 1; };
 sim-test: setup
-	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 4800 molecule test --scenario-name default $(if $(KEEP),--destroy never)
+	flock -w 3600 /var/tmp/twinspark-sim.lock bash -c '$(call MOLECULE_FRESH,default) \
+	  exec timeout 4800 molecule test --scenario-name default $(if $(KEEP),--destroy never)'
 
 # Every scripted fault on a converged simulated pair (make demo first): CI's share (molecule/default/faults.yml, the
 # sim-test side effect), then what CI's 60-minute budget leaves out: a killed and a rebooted worker, a frozen worker
@@ -129,7 +134,8 @@ sim-group: setup
 # site.yml, then one chat through the router, the key on every path, attacks 14, 15 and 17 and the admin key's
 # rotation. Holds the pair's lock, as every playbook run against it does.
 sim-test-fleet: setup
-	flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name fleet
+	flock -w 3600 /var/tmp/twinspark-sim.lock bash -c '$(call MOLECULE_FRESH,fleet) \
+	  exec timeout 3600 molecule test --scenario-name fleet'
 
 # CI's share (.ci/run): the same scenario and checks on one pair and a router node (inventory/sim-fleet-one): the
 # router's front, keys, TLS admin listener, drain and rotation, without a second pair to converge. Where the
@@ -139,7 +145,8 @@ sim-test-fleet: setup
 # (tests/test_router_loopback.py).
 sim-test-fleet-one: setup
 	TWINSPARK_SIM_PAIRS=1 TWINSPARK_FLEET_INVENTORY=inventory/sim-fleet-one \
-	  flock -w 3600 /var/tmp/twinspark-sim.lock timeout 3600 molecule test --scenario-name fleet --destroy never
+	  flock -w 3600 /var/tmp/twinspark-sim.lock bash -c '$(call MOLECULE_FRESH,fleet) \
+	  exec timeout 3600 molecule test --scenario-name fleet --destroy never'
 
 # With the pair down, prove no packet for a node can leave this machine: safety-net routes and every tool refusing.
 sim-airtight: setup
