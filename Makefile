@@ -123,12 +123,15 @@ sim-recipe: setup
 sim-fleet: setup
 	scripts/sim/fleet-check
 
-# A group of NODES simulated nodes (1 to 8; three or more through the simulated switch, docs/GROUPS.md): built,
-# its fabric configured and checked with full-size don't-fragment pings between every two nodes, a second run
-# changing nothing, each node's memory printed. The group's fabric only: serving is still the pair's.
+# A group of NODES simulated nodes (1 to 8; three or more through the simulated switch, or TOPOLOGY=mesh for three
+# cabled to each other, TOPOLOGY=ring for a ring of four to eight; docs/GROUPS.md): built, its fabric configured and
+# checked with full-size don't-fragment pings between every two nodes (on a mesh or ring, across each cable both
+# ways), a second run changing nothing, each node's memory printed. The group's fabric only: serving is still the
+# pair's.
 NODES ?= 4
+TOPOLOGY ?=
 sim-group: setup
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) scripts/sim/group-check
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) TWINSPARK_SIM_TOPOLOGY=$(TOPOLOGY) scripts/sim/group-check
 
 # Its smoke, as its own molecule scenario (molecule/fleet): two pairs and the router node created and converged by
 # site.yml, then one chat through the router, the key on every path, attacks 14, 15 and 17 and the admin key's

@@ -97,15 +97,33 @@ def twinspark_fabric_peers(host_name, *args):
     return group.fabric_peers(host, groups, plain, twinspark_own_pair(host, groups, all_hostvars)["hosts"])
 
 
-def twinspark_group_problems(all_hostvars, groups):
+def twinspark_fabric_cables(host_name, *args):
+    """A mesh or ring node's fabric interfaces from its group's link list (rule: twinspark.group.cable_interfaces),
+    [] anywhere else, e.g. inventory_hostname | twinspark_fabric_cables(groups, hostvars, 'cpu')."""
+    profile = next((str(arg) for arg in args if isinstance(arg, str)), "gb10")
+    _, groups, all_hostvars = _split_args([arg for arg in args if not isinstance(arg, str)])
+    host = str(host_name)
+    members = [str(member) for member in groups.get(group.GROUP_GROUP) or []]
+    if host not in members:
+        return []
+    found = group.read(group.GROUP_GROUP, members, _plain_hostvars(all_hostvars, groups), groups)
+    return [] if found.problems else group.cable_interfaces(found, host, profile)
+
+
+def twinspark_group_problems(all_hostvars, groups, scope="serving"):
     """Every problem of the inventory's group (inventory group twinspark_group, docs/GROUPS.md), one line each, judged
     on the controller before any host is touched: ranks, layout against the recipe its rank 0 names (the profile's
-    default recipe when it names none), topology and node count, addresses. [] when the inventory has no group."""
+    default recipe when it names none), topology and node count, addresses. [] when the inventory has no group.
+    scope 'fabric' (role spark_fabric, which cables and addresses the nodes and serves nothing): everything but what
+    the recipe decides (its heads, its pipeline support, its listed layouts); TP x PP must still equal the node
+    count."""
     members = [str(host) for host in groups.get(group.GROUP_GROUP) or []]
     if not members:
         return []
     plain = _plain_hostvars(all_hostvars, groups)
     found = group.read(group.GROUP_GROUP, members, plain, groups)
+    if scope == "fabric":
+        return group.problems([found], plain)
     first = plain.get(found.ranks[0], {}) if found.ranks else {}
     profile = str(first.get("twinspark_profile") or "gb10")
     try:
@@ -231,6 +249,7 @@ class FilterModule:
             "twinspark_node_env": twinspark_node_env,
             "twinspark_own_pair": twinspark_own_pair,
             "twinspark_fabric_peers": twinspark_fabric_peers,
+            "twinspark_fabric_cables": twinspark_fabric_cables,
             "twinspark_group_problems": twinspark_group_problems,
             "twinspark_pair_problems": twinspark_pair_problems,
             "twinspark_env_file": twinspark_env_file,

@@ -25,8 +25,10 @@ def twinspark_fabric_link_problem(result, interface, mtu, host, peer):
 
 
 def twinspark_fabric_link_problems(results, mtu, host, peer):
-    """The registered loop results of `ip -j addr show dev NAME` (item = {name, address}) -> one message per bad link."""
-    messages = (twinspark_fabric_link_problem(result, result["item"], mtu, host, peer) for result in results["results"])
+    """The registered loop results of `ip -j addr show dev NAME` (item = {name, address}, and the cable's peer on a mesh
+    or ring) -> one message per bad link."""
+    messages = (twinspark_fabric_link_problem(result, result["item"], mtu, host, result["item"].get("peer", peer))
+                for result in results["results"])
     return [message for message in messages if message]
 
 
@@ -48,7 +50,7 @@ def twinspark_fabric_target_problems(results, mtu, host):
         item = result["item"]
         output = "\n".join([result.get("stdout", ""), result.get("stderr", "")])
         message = links.ping_problem(str(item["name"]), str(host), str(item["peer"]), str(item["address"]), int(mtu),
-                                     int(result.get("rc", 1)), output)
+                                     int(result.get("rc", 1)), output, item.get("cable"))
         if message:
             messages.append(message)
     return messages

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,15 +214,26 @@ def _group_inventory(count: int, **first) -> tuple[dict, dict]:
     (1, {}, None),
     (3, {"twinspark_topology": "ring"}, "ring takes 4-8 node(s)"),
     (4, {"twinspark_tensor_parallel": 3}, "is 3 x 1 = 3, but the group has 4 node(s)"),
+    (4, {"twinspark_links": [{"a": "node1", "a_port": 0, "b": "node2", "b_port": 1}]}, "only a mesh or a ring reads"),
+    # What the recipe decides is the serving plays' to judge: three nodes at TP3 do not divide tiny-llama's four
+    # heads, but the fabric serves nothing.
+    (3, {}, None),
 ])
 def test_playbooks_fabric_judges_a_group_before_any_host(count, first, wanted):
-    """playbooks/fabric.yml's first play (filter twinspark_group_problems) on the simulated group's inventory."""
+    """playbooks/fabric.yml's first play (filter twinspark_group_problems, scope 'fabric') on the simulated group's
+    inventory."""
     host_vars, groups = _group_inventory(count, **first)
-    found = _filters().twinspark_group_problems(host_vars, groups)
+    found = _filters().twinspark_group_problems(host_vars, groups, "fabric")
     if wanted is None:
         assert found == []
     else:
         assert any(wanted in line for line in found), found
+
+
+def test_serving_judges_the_recipes_heads_where_the_fabric_does_not():
+    host_vars, groups = _group_inventory(3)
+    found = _filters().twinspark_group_problems(host_vars, groups)
+    assert any("does not divide recipe tiny-llama's 4 attention heads" in line for line in found), found
 
 
 def test_the_filter_gives_a_group_node_every_other_node_and_a_pair_node_its_peer():
@@ -230,3 +243,77 @@ def test_the_filter_gives_a_group_node_every_other_node_and_a_pair_node_its_peer
     pair_vars, pair_groups = inventory.read_hosts(ROOT / "inventory" / "sim")
     assert filters.twinspark_group_problems(pair_vars, pair_groups) == []  # a pair's inventory has no group
     assert filters.twinspark_fabric_peers("node1", pair_groups, pair_vars) == ["node2"]
+
+
+def _sim_group_inventory(tmp_path, count: int, topology: str) -> tuple[dict, dict]:
+    """scripts/sim/group-inventory.py's own output for `count` nodes and `topology`, read as Ansible would."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sim" / "group-inventory.py"), str(count),
+                           "--topology", topology, "--write", str(tmp_path)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return inventory.read_hosts(tmp_path)
+
+
+@pytest.mark.parametrize(("count", "topology"), [(4, "ring"), (8, "ring"), (3, "mesh")])
+def test_a_simulated_mesh_or_ring_gives_each_cable_end_its_own_subnet_and_pings_the_other_end(tmp_path, count,
+                                                                                               topology):
+    """The harness's mesh or ring (scripts/sim/group-inventory.py, cabled as scripts/sim/lib/build.sh lays the veths):
+    judged valid, each node gets ic0 (port 0) and ic1 (port 1), the two ends of every cable share a /24 of their own
+    inside the safety net's 10.77.0.0/16, each end pings the other's address over its own interface, and a node's
+    fabric peers are the nodes cabled to it."""
+    filters = _filters()
+    host_vars, groups = _sim_group_inventory(tmp_path, count, topology)
+    assert filters.twinspark_group_problems(host_vars, groups, "fabric") == []
+    plans = {host: filters.twinspark_fabric_cables(host, groups, host_vars, "cpu") for host in groups["all"]}
+    by_subnet: dict[str, list[tuple[str, str]]] = {}
+    for host, plan in plans.items():
+        assert [(i["name"], i["port"]) for i in plan] == [("ic0", 0), ("ic1", 1)], host
+        for interface in plan:
+            assert interface["address"].startswith("10.77.") and interface["prefix"] == 24
+            by_subnet.setdefault(interface["address"].rsplit(".", 1)[0], []).append((host, interface["address"]))
+    assert len(by_subnet) == count and all(len(ends) == 2 for ends in by_subnet.values())  # one subnet per cable
+    # node i's port 0 meets node i+1's port 1: the other end's address is the one node i pings over ic0.
+    for index in range(1, count + 1):
+        here, there = f"node{index}", f"node{index % count + 1}"
+        ic0 = plans[here][0]
+        assert (ic0["peer"], ic0["peer_port"]) == (there, 1)
+        assert ic0["peer_address"] == plans[there][1]["address"]
+        targets = links.ping_targets(filters.twinspark_fabric_peers(here, groups, host_vars), plans[here], plans)
+        assert [(t["name"], t["peer"]) for t in targets] == [("ic0", there), ("ic1", f"node{(index - 2) % count + 1}")]
+    assert filters.twinspark_fabric_peers("node1", groups, host_vars) == (
+        ["node2", "node3"] if topology == "mesh" else ["node2", f"node{count}"])
+
+
+def test_a_real_mesh_or_ring_node_gets_all_four_netdevs_each_twin_on_its_own_subnet():
+    ring, _ = ranked(4, "ring", ring_links(4))
+    plan = group.cable_interfaces(ring, "n0", "gb10")
+    assert [i["name"] for i in plan] == ["enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1", "enP2p1s0f1np1"]
+    assert [(i["peer"], i["address"], i["peer_address"]) for i in plan] == [
+        ("n1", "10.200.0.1", "10.200.0.2"), ("n1", "10.200.1.1", "10.200.1.2"),
+        ("n3", "10.200.6.2", "10.200.6.1"), ("n3", "10.200.7.2", "10.200.7.1")]
+    switch, _ = ranked(4, "switch")
+    assert group.cable_interfaces(switch, "n0", "gb10") == []  # spark_fabric_interfaces then
+    assert group.cable_interfaces(ring, "elsewhere", "gb10") == []
+
+
+def test_a_failed_ping_across_a_cable_names_the_cable_and_both_ports():
+    message = links.ping_problem("ic0", "node1", "node2", "10.77.0.2", 9000, 1, "1 packets transmitted, 0 received",
+                                 {"cable": 0, "port": 0, "peer_port": 1})
+    assert "twinspark_links[0] says port 0 of node1 goes to port 1 of node2" in message
+    assert "cabl" not in links.ping_problem("ic0", "node1", "node2", "10.77.0.2", 9000, 1, "lost")
+
+
+@pytest.mark.parametrize(("network", "wanted"), [
+    ("10.77.0.0/16", None),
+    ("10.77.0.0/21", None),  # four cables x two twins: eight /24s, exactly a /21
+    ("10.77.0.0/22", "holding 8 /24 subnets (a /21 or larger)"),
+    ("not-a-network", "give an IPv4 network"),
+])
+def test_the_fabric_network_must_hold_every_subnet_the_plan_hands_out(network, wanted):
+    ring, host_vars = ranked(4, "ring", ring_links(4), twinspark_fabric_network=network)
+    found = group.problems([ring], host_vars)
+    if wanted is None:
+        assert found == [] and ring.network == network
+        assert group.cable_interfaces(ring, "n3", "cpu")[0]["address"].startswith("10.77.")
+    else:
+        assert any(wanted in line for line in found), found

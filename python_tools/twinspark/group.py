@@ -40,8 +40,9 @@ LINKS_VAR = "twinspark_links"
 TP_VAR = "twinspark_tensor_parallel"
 PP_VAR = "twinspark_pipeline_parallel"
 FABRIC_ADDRESS_VAR = "twinspark_fabric_address"
+FABRIC_NETWORK_VAR = "twinspark_fabric_network"
 # The inventory variables a group reads (not knobs: nothing of them reaches an env file).
-GROUP_VARS = frozenset({RANK_VAR, TOPOLOGY_VAR, LINKS_VAR, TP_VAR, PP_VAR})
+GROUP_VARS = frozenset({RANK_VAR, TOPOLOGY_VAR, LINKS_VAR, TP_VAR, PP_VAR, FABRIC_NETWORK_VAR})
 # The inventory group of a group other than a pair (docs/GROUPS.md): every node, each with its twinspark_rank. Only
 # the plays that already take N nodes (playbooks/fabric.yml) run on it; the pair's groups are twinspark_head and
 # twinspark_worker.
@@ -56,8 +57,15 @@ NODE_COUNTS = {"single": (1,), "direct": (2,), "switch": tuple(range(2, 9)), "me
 PASS_MARK_GBPS = {"direct": 21.875, "switch": 21.875, "mesh": 10.0, "ring": 10.0}
 PORTS = (0, 1)
 DEFAULT_MASTER_PORT = 29501  # vLLM's ParallelConfig default
-# The fabric's address plan (fabric_plan): one /24 per subnet from this /16, never the management network's.
+# The fabric's address plan (fabric_plan): one /24 per subnet from this /16, never the management network's; rank 0's
+# twinspark_fabric_network sets another.
 DEFAULT_FABRIC_NETWORK = "10.200.0.0/16"
+# The netdev of each (port, twin) on a mesh or ring node, per profile (cable_interfaces). A Spark's ConnectX-7 shows
+# each of its two ports twice; the simulation cables one veth per port, twin 0 only.
+CABLE_NETDEVS = {
+    "gb10": {(0, 0): "enp1s0f0np0", (0, 1): "enP2p1s0f0np0", (1, 0): "enp1s0f1np1", (1, 1): "enP2p1s0f1np1"},
+    "cpu": {(0, 0): "ic0", (1, 0): "ic1"},
+}
 # The four RoCE devices of a Spark's ConnectX-7 (two ports, each seen twice): a mesh or ring uses all of them.
 ALL_ROCE_DEVICES = "rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
 
@@ -84,6 +92,7 @@ class Group:
     pp: int
     links: tuple[Link, ...] = ()
     problems: tuple[str, ...] = field(default=(), compare=False)
+    network: str = DEFAULT_FABRIC_NETWORK
 
     @property
     def size(self) -> int:
@@ -165,7 +174,23 @@ def read(name: str, hosts: Sequence[str], host_vars: Mapping[str, Mapping[str, A
     tp = _int(first.get(TP_VAR, size), f"{TP_VAR} of group {name}", problems) or size
     pp = _int(first.get(PP_VAR, 1), f"{PP_VAR} of group {name}", problems) or 1
     links = _links(first.get(LINKS_VAR), order[0] if order else name, problems)
-    return Group(name, order, topology, tp, pp, links, tuple(problems))
+    network = str(first.get(FABRIC_NETWORK_VAR) or DEFAULT_FABRIC_NETWORK)
+    problems += _network_problems(network, name, len(links))
+    return Group(name, order, topology, tp, pp, links, tuple(problems), network)
+
+
+def _network_problems(network: str, name: str, cables: int) -> list[str]:
+    """The fabric network must hold one /24 per subnet the plan hands out (two per cable, four per switch port)."""
+    try:
+        parsed = ipaddress.ip_network(network)
+    except ValueError:
+        return [f"{FABRIC_NETWORK_VAR} of group {name} is {network!r}: give an IPv4 network such as "
+                f"{DEFAULT_FABRIC_NETWORK}"]
+    wanted = max(2 * cables, 2 * len(PORTS))
+    if parsed.version != 4 or parsed.prefixlen > 24 or 2 ** (24 - parsed.prefixlen) < wanted:
+        return [f"{FABRIC_NETWORK_VAR} of group {name} is {network}: it must be an IPv4 network holding {wanted} /24 "
+                f"subnets (a /{24 - (wanted - 1).bit_length()} or larger)"]
+    return []
 
 
 def ring_order(group: Group) -> list[str] | None:
@@ -344,7 +369,8 @@ def fabric_plan(group: Group, network: str = DEFAULT_FABRIC_NETWORK) -> dict[str
     Each port of a Spark shows up twice (twin interfaces); twins always sit on separate subnets, so that no node has
     two interfaces on one subnet (the kernel would choose the egress and NCCL can hang without a word).
       * switch (and direct): port p, twin t of every node on subnet 2p + t, the rank's host number on it;
-      * mesh and ring: each cable gets two subnets (its two twins), its two ends .1 (a) and .2 (b).
+      * mesh and ring: each cable gets two subnets (its two twins), its two ends .1 (a) and .2 (b); each entry also
+        names the cable (its index in twinspark_links) and the peer's address on it.
     """
     base = ipaddress.ip_network(network)
     subnets = list(base.subnets(new_prefix=24))
@@ -365,17 +391,46 @@ def fabric_plan(group: Group, network: str = DEFAULT_FABRIC_NETWORK) -> dict[str
     for index, link in enumerate(group.links):
         for twin in (0, 1):
             subnet = 2 * index + twin
-            plan[link.a].append({"port": link.a_port, "twin": twin, "address": address(subnet, 1), "peer": link.b})
-            plan[link.b].append({"port": link.b_port, "twin": twin, "address": address(subnet, 2), "peer": link.a})
+            a_end, b_end = address(subnet, 1), address(subnet, 2)
+            plan[link.a].append({"port": link.a_port, "twin": twin, "address": a_end, "peer": link.b, "cable": index,
+                                 "peer_port": link.b_port, "peer_address": b_end})
+            plan[link.b].append({"port": link.b_port, "twin": twin, "address": b_end, "peer": link.a, "cable": index,
+                                 "peer_port": link.a_port, "peer_address": a_end})
     return plan
+
+
+def cable_interfaces(group: Group, host: str, profile: str) -> list[dict[str, object]]:
+    """A mesh or ring node's fabric interfaces, from the link list (fabric_plan), in port and twin order: {name,
+    address, prefix, port, twin, peer, peer_port, peer_address, cable}, the netdev named per profile
+    (CABLE_NETDEVS). Role spark_fabric writes them into its netplan file and pings each cable's other end over it.
+    [] for any other topology (the role's spark_fabric_interfaces then) or a host outside the group."""
+    if group.topology not in ("mesh", "ring") or host not in group.ranks or profile not in CABLE_NETDEVS:
+        return []
+    netdevs = CABLE_NETDEVS[profile]
+    found = []
+    for entry in sorted(fabric_plan(group, group.network)[host], key=lambda e: (e["port"], e["twin"])):
+        name = netdevs.get((int(entry["port"]), int(entry["twin"])))
+        if name is None:
+            continue
+        address, prefix = str(entry["address"]).split("/")
+        found.append({"name": name, "address": address, "prefix": int(prefix), "port": entry["port"],
+                      "twin": entry["twin"], "peer": entry["peer"], "peer_port": entry["peer_port"],
+                      "peer_address": str(entry["peer_address"]).split("/")[0], "cable": entry["cable"]})
+    return found
 
 
 def fabric_peers(host: str, groups: Mapping[str, Sequence[str]], host_vars: Mapping[str, Mapping[str, Any]],
                  pair_hosts: Sequence[str] = ()) -> list[str]:
     """The nodes `host`'s fabric links reach, in rank order: the other members of its group (inventory group
-    twinspark_group) when it is in one, else the other node of its pair (`pair_hosts`)."""
+    twinspark_group) when it is in one (on a mesh or ring, those cabled to it), else the other node of its pair
+    (`pair_hosts`)."""
     members = list(_members(groups, GROUP_GROUP))
     if host in members:
-        return [node for node in read(GROUP_GROUP, members, host_vars, groups).ranks if node != host]
+        found = read(GROUP_GROUP, members, host_vars, groups)
+        if found.topology in ("mesh", "ring"):
+            cabled = {other for link in found.links for me, other in ((link.a, link.b), (link.b, link.a))
+                      if me == host}
+            return [node for node in found.ranks if node in cabled]
+        return [node for node in found.ranks if node != host]
     return [node for node in pair_hosts if node != host]
 

@@ -134,25 +134,40 @@ def ping_payload(mtu: int) -> int:
     return mtu - ICMP_AND_IP_HEADER_BYTES
 
 
-def ping_problem(interface: str, host: str, peer: str, peer_address: str, mtu: int, rc: int, output: str) -> str:
-    """The message for a failed don't-fragment ping of the full MTU; empty when it passed (rc 0)."""
+def ping_problem(interface: str, host: str, peer: str, peer_address: str, mtu: int, rc: int, output: str,
+                 cable: Mapping[str, object] | None = None) -> str:
+    """The message for a failed don't-fragment ping of the full MTU; empty when it passed (rc 0). `cable`: the mesh or
+    ring cable the ping crossed ({cable, port, peer_port}), named in the message with how to check it."""
     if rc == 0:
         return ""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     said = lines[-1] if lines else "no output"
-    return (
+    message = (
         f"fabric interface {interface} on {host}: a don't-fragment ping of {mtu} bytes to peer {peer} "
         f"({peer_address}) failed ({said}). Both ends and everything between must carry MTU {mtu}: check "
         f"spark_fabric_mtu and `ip link show` on {peer}"
     )
+    if cable:
+        message += (
+            f"; and the cabling: twinspark_links[{cable['cable']}] says port {cable['port']} of {host} goes to port "
+            f"{cable['peer_port']} of {peer} (a cable in another port puts this end on another node's subnet)"
+        )
+    return message
 
 
 def ping_targets(peers: Sequence[str], plan: Sequence[Mapping[str, object]],
                  peer_plans: Mapping[str, Sequence[Mapping[str, object]] | None]) -> list[dict[str, object]]:
     """Every don't-fragment ping a node makes: from each of its fabric interfaces (`plan`, in port order) to the same
     interface of every peer whose plan is known (`peer_plans`; None: the peer is not in this run). On a pair the
-    one peer; through a switch every other node, port for port."""
+    one peer; through a switch every other node, port for port. On a mesh or ring (a plan whose interfaces name their
+    cable, group.cable_interfaces) each interface pings the other end of its own cable, where that peer is in the run,
+    and the target keeps the cable for the message."""
     targets: list[dict[str, object]] = []
+    if any("cable" in interface for interface in plan):
+        return [{"peer": interface["peer"], "name": interface["name"], "address": interface["peer_address"],
+                 "cable": {key: interface[key] for key in ("cable", "port", "peer_port")}}
+                for interface in plan if "cable" in interface and interface["peer"] in peers
+                and peer_plans.get(str(interface["peer"]))]
     for peer in peers:
         theirs = peer_plans.get(peer)
         if not theirs:

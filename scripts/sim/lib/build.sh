@@ -31,6 +31,11 @@ nodes_are_running() {
   ip route show type blackhole | grep -q "^blackhole $MGMT_PREFIX.0/24" || return 1
   ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
   if switched; then ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1 || return 1; fi
+  # A mesh or ring has no switch, and each node its port 1 (a switch group built before has neither).
+  if cabled; then
+    ! ip link show "$FABRIC_BRIDGE" >/dev/null 2>&1 || return 1
+    for n in "$@"; do ip -n "$n" link show ic1 >/dev/null 2>&1 || return 1; done
+  fi
   for n in "$@"; do
     launcher_pid "$n" >/dev/null || return 1
     ip link show "$(host_veth "$n")" >/dev/null 2>&1 || return 1
@@ -102,6 +107,17 @@ network_up() {
       ip link add "$v" mtu 9000 type veth peer name ic0 netns "$n"
       ip link set "$v" master "$FABRIC_BRIDGE" up
       ip -n "$n" link set ic0 up
+    done
+  fi
+  # A mesh or ring: one veth per cable, port 0 (ic0) of each node to port 1 (ic1) of the next, the last to node1. No
+  # address: the role gives each cable end its own subnet from twinspark_links.
+  if cabled; then
+    local count=${#NODES[@]}
+    for ((i = 0; i < count; i++)); do
+      a=${NODES[$i]} b=${NODES[$(((i + 1) % count))]}
+      ip link add ic0 netns "$a" type veth peer name ic1 netns "$b"
+      ip -n "$a" link set ic0 up
+      ip -n "$b" link set ic1 up
     done
   fi
   ip link add "$BRIDGE" type bridge

@@ -49,8 +49,25 @@ if [ -n "$SIM_GROUP" ]; then
   unset node_number
   [ "$SIM_GROUP" != 2 ] || PAIRS=("node1 node2")
 fi
-# Whether the nodes' ic0 hang off the simulated switch (a group of three or more).
-switched() { [ -n "$SIM_GROUP" ] && [ "$SIM_GROUP" -ge 3 ]; }
+# TWINSPARK_SIM_TOPOLOGY (`make sim-group NODES=4 TOPOLOGY=ring`), for three nodes or more: switch (the default), mesh
+# (three nodes, each cabled to both others) or ring (four to eight, no switch). A mesh or ring gets one veth per
+# cable, port 0 of node i to port 1 of node i+1 and the last back to node1 (the cabling scripts/sim/group-inventory.py
+# lists in twinspark_links): each node's ic0 and ic1 are its ports 0 and 1.
+SIM_TOPOLOGY=${TWINSPARK_SIM_TOPOLOGY:-}
+if [ -n "$SIM_TOPOLOGY" ]; then
+  [ -n "$SIM_GROUP" ] && [ "$SIM_GROUP" -ge 3 ] || {
+    echo "TWINSPARK_SIM_TOPOLOGY=$SIM_TOPOLOGY needs a group of three nodes or more (make sim-group NODES=4 TOPOLOGY=ring)" >&2; exit 2; }
+  case "$SIM_TOPOLOGY:$SIM_GROUP" in
+    switch:*|mesh:3|ring:[4-8]) ;;
+    *) echo "TWINSPARK_SIM_TOPOLOGY=$SIM_TOPOLOGY with $SIM_GROUP nodes: use switch (3-8 nodes), mesh (3) or ring (4-8)" >&2
+       exit 2;;
+  esac
+elif [ -n "$SIM_GROUP" ] && [ "$SIM_GROUP" -ge 3 ]; then
+  SIM_TOPOLOGY=switch
+fi
+# Whether the nodes' ic0 hang off the simulated switch (a switch group of three or more), or are cabled node to node.
+switched() { [ "$SIM_TOPOLOGY" = switch ]; }
+cabled() { [ "$SIM_TOPOLOGY" = mesh ] || [ "$SIM_TOPOLOGY" = ring ]; }
 fabric_veth() { echo "tsf-$1"; }
 # Every node any layout may have built: this layout's, plus any other node whose disk or PID file is still here
 # (another number of pairs, the fleet after the pair): `down` stops and removes all of them, whichever layout is
@@ -103,8 +120,9 @@ HARNESS_LOCK=$SIM_DIR/harness.lock
 # The safety net: blackhole routes for both simulated ranges, installed by every harness command before anything
 # else and never removed (not by down, not by --purge). While the bridge exists its connected route (metric 0) wins;
 # without it a packet for a simulated address is dropped here instead of following the default route off the
-# machine. scripts/sim/README.md says how to remove them by hand.
-SAFETY_NET=("$IC_PREFIX.0/24" "$MGMT_PREFIX.0/24")
+# machine. scripts/sim/README.md says how to remove them by hand. The third covers the cable subnets of a simulated
+# mesh or ring (scripts/sim/group-inventory.py CABLE_NETWORK), which live only inside the nodes' namespaces.
+SAFETY_NET=("$IC_PREFIX.0/24" "$MGMT_PREFIX.0/24" "${IC_PREFIX%.*}.0.0/16")
 SAFETY_NET_METRIC=4000
 safety_net() {
   local net
