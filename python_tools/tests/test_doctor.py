@@ -132,6 +132,36 @@ def test_mtu_1500_on_one_node_is_found():
     assert pair.severity == findings.STOP and "spark-a 9000, spark-b 1500" in pair.message
 
 
+def _with_prefixes(item: dict, **wanted: list[str]) -> dict:
+    """The facts as the collector now writes them (ipv4_cidr beside ipv4), /24s unless `wanted` names a netdev's."""
+    for entry in item["netdevs"]:
+        entry["ipv4_cidr"] = wanted.get(entry["name"], [f"{a}/{8 if entry['name'] == 'lo' else 24}"
+                                                         for a in entry["ipv4"]])
+    return item
+
+
+def test_twin_netdevs_on_their_own_subnets_are_clean_and_on_one_subnet_stop():
+    head = _with_prefixes(facts("head"))
+    assert "fabric.shared-subnet" not in ids(judge(head, _with_prefixes(facts("worker"))))
+    # The port's twin given an address on the first twin's /24 (netplan written by hand, not by the role).
+    worker = _with_prefixes(facts("worker"), enP2p1s0f0np0=["192.168.100.111/24"])
+    found = finding(judge(head, worker), "fabric.shared-subnet")
+    assert found.host == "spark-b" and found.severity == findings.STOP
+    assert "enP2p1s0f0np0 (192.168.100.111/24), enp1s0f0np0 (192.168.100.11/24) share the subnet 192.168.100.0/24" \
+        in found.message and "spark_fabric_twin_network" in found.fix
+
+
+def test_a_wider_subnet_that_overlaps_a_fabric_one_is_found_and_two_lan_ports_are_not_the_fabrics_business():
+    head = _with_prefixes(facts("head"), enP7s7=["192.168.0.20/16"])  # the management port's /16 covers the fabric
+    found = finding(judge(head), "fabric.shared-subnet")
+    assert "192.168.0.0/16" in found.message and "enp1s0f0np0 (192.168.100.10/24)" in found.message
+    # Two management-side netdevs on one LAN (wired and wireless): no fabric netdev is involved.
+    lan = _with_prefixes(facts("head"), enP7s7=["10.0.0.20/24"], enp1s0f1np1=["10.0.0.21/24"])
+    assert "fabric.shared-subnet" not in ids(judge(lan))
+    # Facts from a collector before ipv4_cidr: nothing to judge.
+    assert "fabric.shared-subnet" not in ids(judge(facts("head")))
+
+
 def test_two_nodes_with_different_kernels_are_found_by_the_pair_comparison():
     worker = facts("worker")
     worker["kernel"] = "6.17.0-1020-nvidia"

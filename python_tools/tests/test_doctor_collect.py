@@ -181,3 +181,17 @@ def test_the_preflight_asks_the_collector_for_its_managed_files():
     parsed = collect.argparse.ArgumentParser()
     collect.add_arguments(parsed)
     assert parsed.parse_args(argv).files == ["/etc/x/l.json"]
+
+
+def test_the_collector_keeps_each_address_with_its_prefix_beside_the_bare_one(tmp_path):
+    """getifaddrs' netmask read for real on this machine (loopback is 127.0.0.1/8 everywhere), and collect() writing
+    ipv4 (bare, as the fabric rules and the launcher read it) and ipv4_cidr (for fabric.shared-subnet)."""
+    assert "127.0.0.1/8" in collect.ipv4_by_netdev(with_prefix=True).get("lo", [])
+    assert "127.0.0.1" in collect.ipv4_by_netdev().get("lo", [])
+    roots = fake_node(tmp_path)
+    facts = collect.collect(nccl_so=roots["nccl"], sys_root=roots["sys_root"], proc=roots["proc"], etc=roots["etc"],
+                            dpkg_status=roots["dpkg_status"],
+                            addresses={"enp1s0f1np1": ["192.168.100.10/24", "192.168.100.99"]},
+                            clock_reader=dict)
+    link = next(n for n in facts["netdevs"] if n["name"] == "enp1s0f1np1")
+    assert link["ipv4"] == ["192.168.100.10", "192.168.100.99"] and link["ipv4_cidr"] == ["192.168.100.10/24"]

@@ -250,14 +250,15 @@ class _Ifaddrs(ctypes.Structure):
 
 
 _Ifaddrs._fields_ = [("next", ctypes.POINTER(_Ifaddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
-                     ("addr", ctypes.POINTER(_SockaddrIn)), ("netmask", ctypes.c_void_p),
+                     ("addr", ctypes.POINTER(_SockaddrIn)), ("netmask", ctypes.POINTER(_SockaddrIn)),
                      ("ifu", ctypes.c_void_p), ("data", ctypes.c_void_p)]
 
 
-def ipv4_by_netdev() -> dict[str, list[str]]:
+def ipv4_by_netdev(with_prefix: bool = False) -> dict[str, list[str]]:
     """Every netdev's IPv4 addresses (primary first, as the kernel lists them), from the C library's getifaddrs(3);
     {} when it fails. No `ip` subprocess: iproute2 drops capabilities at start (capset), which a hardened unit's
-    `SystemCallFilter=~@privileged` refuses; getifaddrs asks the kernel over netlink and needs no privilege."""
+    `SystemCallFilter=~@privileged` refuses; getifaddrs asks the kernel over netlink and needs no privilege.
+    `with_prefix`: each as address/prefix length (10.77.0.1/24), from its netmask."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     head = ctypes.POINTER(_Ifaddrs)()
     if libc.getifaddrs(ctypes.byref(head)) != 0:
@@ -269,7 +270,11 @@ def ipv4_by_netdev() -> dict[str, list[str]]:
             item = entry.contents
             if item.addr and item.addr.contents.family == socket.AF_INET:
                 name = item.name.decode("utf-8", errors="replace")
-                found.setdefault(name, []).append(socket.inet_ntop(socket.AF_INET, bytes(item.addr.contents.addr)))
+                address = socket.inet_ntop(socket.AF_INET, bytes(item.addr.contents.addr))
+                if with_prefix and item.netmask:
+                    mask = int.from_bytes(bytes(item.netmask.contents.addr), "big")
+                    address += f"/{bin(mask).count('1')}"
+                found.setdefault(name, []).append(address)
             entry = item.next
     finally:
         libc.freeifaddrs(head)
@@ -282,8 +287,9 @@ def _pci_address(device_link: str) -> str | None:
     return target if re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", target) else None
 
 
-def netdevs(sys_root: str, addresses: dict[str, list[str]]) -> list[dict]:
-    """Every netdev: operstate, administratively up, carrier, speed, MTU, driver, PCI function, IPv4 addresses."""
+def netdevs(sys_root: str, addresses: dict[str, list[str]], networks: dict[str, list[str]] | None = None) -> list[dict]:
+    """Every netdev: operstate, administratively up, carrier, speed, MTU, driver, PCI function, IPv4 addresses, and
+    with `networks` (ipv4_by_netdev(with_prefix=True)) the same addresses with their prefix length (ipv4_cidr)."""
     class_net = os.path.join(sys_root, "class", "net")
     found = []
     for name in _listing(class_net):
@@ -304,6 +310,7 @@ def netdevs(sys_root: str, addresses: dict[str, list[str]]) -> list[dict]:
             "driver": os.path.basename(os.path.realpath(driver)) if os.path.islink(driver) else None,
             "pci": _pci_address(os.path.join(base, "device")),
             "ipv4": list(addresses.get(name, [])),
+            **({"ipv4_cidr": list(networks.get(name, []))} if networks is not None else {}),
         })
     return found
 
@@ -494,11 +501,13 @@ def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | 
             record: str = "", sys_root: str = "/sys", proc: str = "/proc", etc: str = "/etc",
             dpkg_status: str = "/var/lib/dpkg/status", addresses: dict[str, list[str]] | None = None,
             clock_reader=clock, files: list[str] | None = None) -> dict:
-    """Every fact, as one JSON-ready dict (docs/DOCTOR.md lists them). `addresses` and `clock_reader` stand in for
-    the kernel's in tests."""
+    """Every fact, as one JSON-ready dict (docs/DOCTOR.md lists them). `addresses` (address/prefix, or a bare address
+    whose prefix is then not known) and `clock_reader` stand in for the kernel's in tests."""
     memory = meminfo(proc)
     running = process_names(proc)
-    addresses = ipv4_by_netdev() if addresses is None else addresses
+    networks = ipv4_by_netdev(with_prefix=True) if addresses is None else addresses
+    plain = {name: [address.split("/")[0] for address in found] for name, found in networks.items()}
+    networks = {name: [address for address in found if "/" in address] for name, found in networks.items()}
     return {
         "schema": SCHEMA,
         "collected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -516,7 +525,7 @@ def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | 
         "desktop": sorted(running.intersection(DESKTOP_PROCESSES)),
         "serving": unit_active(sys_root, unit),
         "disk_free_bytes": disk_free(paths or {}),
-        "netdevs": netdevs(sys_root, addresses),
+        "netdevs": netdevs(sys_root, plain, networks),
         "pcie": pcie(sys_root),
         "rdma": rdma(sys_root),
         "clock": clock_reader(),

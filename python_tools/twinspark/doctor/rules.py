@@ -13,6 +13,7 @@ finding.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -297,6 +298,35 @@ def fabric_links(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
     return found
 
 
+def shared_subnet(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    """A fabric netdev whose subnet another netdev of the node also has an address in: the kernel then sends every
+    packet for that subnet out of one of them, its own choice, and NCCL hangs without a word (the twins of a port on
+    one /24, or a stray address). Needs the facts' address/prefix pairs (ipv4_cidr); older facts say nothing."""
+    fabric = set(fabric_netdevs(facts, env))
+    held: list[tuple[str, ipaddress.IPv4Interface]] = []
+    for name, netdev in _by_name(facts).items():
+        if name == "lo":
+            continue
+        for text in netdev.get("ipv4_cidr") or []:
+            try:
+                held.append((name, ipaddress.IPv4Interface(str(text))))
+            except ValueError:
+                continue
+    clashes: dict[str, set[str]] = {}
+    for index, (name, one) in enumerate(held):
+        for other_name, other in held[index + 1:]:
+            if name != other_name and (name in fabric or other_name in fabric) and one.network.overlaps(other.network):
+                key = str(min(one.network, other.network, key=lambda n: n.prefixlen))
+                clashes.setdefault(key, set()).update({f"{name} ({one})", f"{other_name} ({other})"})
+    return [Found(
+        "fabric.shared-subnet",
+        f"{', '.join(sorted(holders))} share the subnet {network}: the kernel picks one of them for every packet to "
+        "it, and NCCL can hang without a word",
+        "give each fabric netdev a subnet of its own (a port's twins: spark_fabric_twin_network; a mesh or ring: "
+        "twinspark_links, docs/GROUPS.md) and remove any stray address (`ip addr del ADDRESS dev NETDEV`)")
+        for network, holders in sorted(clashes.items())]
+
+
 def gid_index(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
     """The launcher's own GID resolution (twinspark.fabric.gid) over the facts' ports and addresses."""
     if _rdma(facts) is None:
@@ -400,7 +430,7 @@ def hygiene(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
 
 
 NODE_RULES: tuple[Callable[[Mapping, Mapping[str, str]], list[Found]], ...] = (
-    kernel_cma_enomem, pcie_links, rdma_devices, fabric_links, gid_index, nccl_library, clock_state,
+    kernel_cma_enomem, pcie_links, rdma_devices, fabric_links, shared_subnet, gid_index, nccl_library, clock_state,
     memory_state, hygiene,
 )
 
