@@ -115,6 +115,8 @@ def _slow_command(args: object) -> str | None:
     name = os.path.basename(argv[0])
     if name in ("ansible-playbook", "ansible") or any(os.path.basename(a) == "ansible-playbook" for a in argv[:3]):
         return "ansible-playbook (ask for the fixture `ansible_playbook`)"
+    if name == "render-units":
+        return "ansible-playbook through scripts/render-units (mark the test @pytest.mark.slow(seconds))"
     if name == BUILD_PARSER_VENV.name or (argv[1:3] == ["-m", "venv"] and "--without-pip" not in argv):
         return "a venv build (ask for the fixture `vllm_python`, or mark the test @pytest.mark.slow(seconds))"
     return None

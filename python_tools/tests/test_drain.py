@@ -265,7 +265,7 @@ def routed(tmp_path: Path, monkeypatch):
     box["state"] = tmp_path / "state.json"
     box["args"] = ["--env", str(tmp_path / "none.env"), "--worker", "127.0.0.1", "--state-file", str(box["state"]),
                    "--lock-file", str(tmp_path / "pair.lock"), "--pause-file", str(tmp_path / "paused"),
-                   "--ready-timeout", "5"]
+                   "--ready-timeout", "1"]  # a restart that does not serve gives up after it: 1 s of the suite each
     return box
 
 

@@ -21,6 +21,9 @@ from twinspark import generate, layout, settings
 from twinspark.runtime import sandbox
 
 ROOT = generate.repo_root()
+# Every test here reads the units scripts/render-units renders (an ansible-playbook run, about 15 s on 2 cores, once
+# per module): slow, so that the quick round (-m "not slow") does not pay for it unseen.
+pytestmark = pytest.mark.slow(3)
 # Exposure ceilings from issue 15 (systemd-analyze's 0-10 scale, lower is better).
 CEILINGS = {"twinspark-vllm.service": 3.0, "twinspark-pair-guard.service": 2.5, "twinspark-health.service": 2.5,
             "twinspark-firewall.service": 2.5, "twinspark-firewall-watch.service": 2.5,
