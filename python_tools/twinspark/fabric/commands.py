@@ -1,9 +1,9 @@
-"""``twinspark fabric``: resolve-gid, show and bench.
+"""``twinspark fabric``: resolve-gid, show, bench and plan.
 
 ``resolve-gid`` exit codes: 0 resolved (stdout is exactly one line, the index; notes go to stderr), 1 no port
 selected or a member without a usable RoCE v2 GID, 2 invalid input, 3 the members share no index.
 ``show`` exits 0 (1 when no RDMA device is found, 2 when an attribute is a FIFO, a device or oversized).
-``bench``: see ``twinspark.fabric.bench``.
+``bench``: see ``twinspark.fabric.bench``. ``plan``: see ``twinspark.fabric.plan`` (0 holds, 2 refused, 3 bad input).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from twinspark.fabric import bench, gid, sysfs
+from twinspark.fabric import plan as fabric_plan
 
 
 def _resolve_gid(args: argparse.Namespace) -> int:
@@ -124,3 +125,13 @@ def register(subparsers) -> None:
     )
     bench.add_arguments(bench_parser)
     bench_parser.set_defaults(func=bench.main)
+
+    plan_parser = verbs.add_parser(
+        "plan",
+        help="each node's fabric as an inventory lays it out (interfaces, cables, NCCL settings); contacts nothing",
+        description="The inventory's group or pair: topology, layout, pass mark, each node's fabric interfaces (a "
+        "mesh's or ring's cable ends) and the NCCL settings the topology adds. Exit 0 the layout holds, 2 the rules "
+        "refuse it (one line each on stderr), 3 the inventory cannot be read.",
+    )
+    fabric_plan.add_arguments(plan_parser)
+    plan_parser.set_defaults(func=fabric_plan.run)
