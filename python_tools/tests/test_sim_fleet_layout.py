@@ -111,3 +111,33 @@ def test_the_generator_uses_the_harness_addresses_and_limit(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
                          env={**os.environ, "TWINSPARK_SIM_DIR": str(tmp_path), "TWINSPARK_SIM_FLEET": ""})
     assert run.stdout.split() == [GENERATOR.FABRIC, GENERATOR.MGMT, str(GENERATOR.MAX_PAIRS)]
+
+
+def topology(tmp_path, **env):
+    """SIM_TOPOLOGY and whether common.sh's switched/cabled hold, or (exit code, stderr) when it refuses."""
+    script = ('. scripts/sim/lib/common.sh; printf "%s %s %s\\n" "${SIM_TOPOLOGY:-none}" '
+              '"$(switched && echo switched || echo -)" "$(cabled && echo cabled || echo -)"')
+    run = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "TWINSPARK_SIM_DIR": str(tmp_path), "TWINSPARK_SIM_FLEET": "",
+                              "TWINSPARK_SIM_PAIRS": "", "TWINSPARK_SIM_GROUP": "", "TWINSPARK_SIM_TOPOLOGY": "",
+                              **env})
+    return (run.returncode, run.stderr.strip()) if run.returncode else run.stdout.strip()
+
+
+@pytest.mark.parametrize(("env", "wanted"), [
+    ({}, "none - -"),  # the pair: ic0 straight between its two nodes
+    ({"TWINSPARK_SIM_GROUP": "2"}, "none - -"),
+    ({"TWINSPARK_SIM_GROUP": "3"}, "switch switched -"),  # three or more: the simulated switch by default
+    ({"TWINSPARK_SIM_GROUP": "3", "TWINSPARK_SIM_TOPOLOGY": "mesh"}, "mesh - cabled"),
+    ({"TWINSPARK_SIM_GROUP": "8", "TWINSPARK_SIM_TOPOLOGY": "ring"}, "ring - cabled"),
+    ({"TWINSPARK_SIM_GROUP": "3", "TWINSPARK_SIM_TOPOLOGY": "ring"}, "use switch (3-8 nodes), mesh (3) or ring (4-8)"),
+    ({"TWINSPARK_SIM_GROUP": "4", "TWINSPARK_SIM_TOPOLOGY": "mesh"}, "use switch (3-8 nodes), mesh (3) or ring (4-8)"),
+    ({"TWINSPARK_SIM_TOPOLOGY": "ring"}, "needs a group of three nodes or more"),
+])
+def test_the_harness_cables_a_mesh_or_ring_node_to_node_and_refuses_a_shape_the_count_cannot_take(tmp_path, env,
+                                                                                                   wanted):
+    found = topology(tmp_path, **env)
+    if isinstance(found, tuple):
+        assert found[0] == 2 and wanted in found[1], found
+    else:
+        assert found == wanted
