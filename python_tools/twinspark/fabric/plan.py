@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from twinspark import group
+from twinspark import group, inventory
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 2, 3
 
@@ -71,8 +71,6 @@ def table(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from twinspark import inventory
-
         host_vars, groups = inventory.read_hosts(args.inventory)
         result = plan(host_vars, groups)
     except (ValueError, OSError) as error:
