@@ -17,7 +17,7 @@ from twinspark import api as head_api
 from twinspark import envfile, layout
 from twinspark.fleet import drain
 from twinspark.pair import guard, lifecycle, textfile
-from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, LivePair, log
+from twinspark.pair.io import DEFAULT_KNOWN_HOSTS, DEFAULT_SSH_KEY, SERVED_FILE_NAME, LivePair, Rank, log
 from twinspark.pair.rules import (
     Generation,
     GuardState,
@@ -45,6 +45,24 @@ def _read_env(paths: Sequence[str]) -> dict[str, str]:
     return dict(read.values)
 
 
+def group_ranks(words: Sequence[str] | None) -> tuple[Rank, ...]:
+    """--rank R:ADDRESS, repeated -> ranks 2..N-1 of a group of three or more, each with its addresses in the order
+    given (fabric first, then management). ValueError naming the word and the fix when a word is not R:ADDRESS with
+    R from 2, or the ranks leave a gap."""
+    found: dict[int, list[str]] = {}
+    for word in words or ():
+        number, _, address = word.partition(":")
+        if not number.isdigit() or int(number) < 2 or not address.strip():
+            raise ValueError(f"--rank {word!r}: give RANK:ADDRESS with RANK from 2 up (rank 1 is --worker), e.g. "
+                             "--rank 2:10.77.0.3")
+        found.setdefault(int(number), []).append(address.strip())
+    missing = sorted(set(range(2, max(found, default=1) + 1)) - set(found))
+    if missing:
+        raise ValueError(f"--rank: no address for rank {', '.join(map(str, missing))}; give every rank from 2 to "
+                         f"{max(found)} (--rank R:ADDRESS)")
+    return tuple(Rank(number, tuple(addresses)) for number, addresses in sorted(found.items()))
+
+
 def _pair_from_args(args: argparse.Namespace) -> LivePair:
     env = _read_env(args.env)
     api = head_api.api_from_env(env)
@@ -55,7 +73,8 @@ def _pair_from_args(args: argparse.Namespace) -> LivePair:
     return LivePair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
                 known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
                 fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env,
-                served_file=str(Path(args.state_file).with_name(SERVED_FILE_NAME)))
+                served_file=str(Path(args.state_file).with_name(SERVED_FILE_NAME)),
+                more_ranks=group_ranks(getattr(args, "rank", None)))
 
 
 def _pair_or_none(args: argparse.Namespace, what: str) -> LivePair | None:
@@ -288,6 +307,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the worker's address for SSH; repeat to try more (fabric first, then management). "
                               "Without it, every option comes first from what site.yml recorded on the head "
                               f"({layout.current().pair_args}), and the options given here win")
+        sub.add_argument("--rank", action="append", default=None, metavar="RANK:ADDRESS",
+                         help="a group of three or more: rank RANK's address for SSH (RANK from 2; rank 1 is "
+                              "--worker); repeat for every rank, and for more addresses of one rank (fabric first)")
         sub.add_argument("--ssh-user", default="root")
         sub.add_argument("--ssh-key", default=DEFAULT_SSH_KEY)
         sub.add_argument("--known-hosts", default=DEFAULT_KNOWN_HOSTS)
@@ -387,7 +409,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # Options that may repeat: one given on the command line replaces every recorded one (the others just come later).
-REPEATED = ("--worker", "--env")
+REPEATED = ("--worker", "--env", "--rank")
 
 
 def recorded_args(path: str) -> tuple[list[str] | None, str]:
@@ -406,7 +428,7 @@ def recorded_args(path: str) -> tuple[list[str] | None, str]:
 
 def merged_words(recorded: Sequence[str], given: Sequence[str]) -> list[str]:
     """The recorded words, then the given ones (argparse keeps the last value of an option, so the given win); a
-    repeated option given at all (--worker, --env) drops all of its recorded values."""
+    repeated option given at all (--worker, --env, --rank) drops all of its recorded values."""
     replaced = {word.split("=", 1)[0] for word in given if word.split("=", 1)[0] in REPEATED}
     kept: list[str] = []
     words = iter(recorded)

@@ -140,7 +140,7 @@ def run_restart(pair: LivePair, args: argparse.Namespace, state: GuardState, pol
                  by_operator: bool = False) -> tuple[GuardState, bool]:
     """One ordered restart, drained from the router when the pair has one. `by_operator`: a restart that clears
     a give-up when it works, so a pair that serves again goes back in even if the guard had given up on it."""
-    problem = lifecycle.preflight(pair, lifecycle.RESTART_STEPS)
+    problem = lifecycle.preflight(pair, lifecycle.steps("restart", size=getattr(pair, "size", 2)))
     if problem:
         # Nothing was touched, so nothing is counted: a restart cannot cure this, and the next run looks again.
         log(3, f"ordered pair restart not started: {problem}")

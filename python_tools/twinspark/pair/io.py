@@ -36,6 +36,7 @@ from twinspark.pair.rules import (
     fabric_problem,
     head_replaced_since_served,
     probe_plan,
+    rank_name,
     rank_unit,
     sample_from_metrics,
     served_from_json,
@@ -63,6 +64,15 @@ def log(priority: int, message: str) -> None:
     print(f"{prefix}{message}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class Rank:
+    """A rank of a group of three or more beyond its worker (rank 1): its number and the addresses its forced command
+    answers at, tried in order (fabric first, then management), as --worker gives them for rank 1."""
+
+    rank: int
+    addresses: tuple[str, ...]
+
+
 @dataclass
 class LivePair:
     """The real pair: the head's unit through systemctl, the worker's through its forced SSH command, the API."""
@@ -82,6 +92,16 @@ class LivePair:
     fabric_timeout_s: float = 1.5
     env: Mapping[str, str] = field(default_factory=dict)  # the head's env files: the planner judges a start with them
     served_file: str | None = None  # where the head's rank the pair last served with is kept (SERVED_FILE_NAME)
+    more_ranks: Sequence[Rank] = ()  # a group of three or more: ranks 2..N-1 (the worker is rank 1)
+
+    @property
+    def size(self) -> int:
+        """How many ranks the group has: 2 for a pair."""
+        return 2 + len(self.more_ranks)
+
+    def peers(self) -> list[Rank]:
+        """Every rank but the head, in rank order: the worker (rank 1), then the group's other ranks."""
+        return [Rank(1, tuple(self.worker_addresses)), *sorted(self.more_ranks, key=lambda peer: peer.rank)]
 
     # -- head (local) --
     def head_props(self) -> dict[str, str]:
@@ -129,10 +149,26 @@ class LivePair:
 
     # -- worker (SSH, forced command) --
     def worker(self, verb: str) -> str | None:
-        """Run `verb` through the worker's forced command; its stdout, or None when no address answers."""
+        """Run `verb` through the worker's forced command; its stdout, or None when no address answers.
+
+        In a group of three or more it speaks for every rank but the head: `state` and `state-since` answer for the
+        first rank that is not active (None when one cannot be reached), else for the youngest rank (`peer_status`);
+        a start or stop goes to one rank at a time (`rank`), never to all at once."""
+        if not self.more_ranks:
+            return self.rank(1, verb)
+        if verb not in ("state", "state-since"):
+            raise ValueError(f"a group's ranks are started and stopped one at a time, not with worker({verb!r})")
+        return self._group_answer(verb)[1]
+
+    def rank(self, number: int, verb: str) -> str | None:
+        """Run `verb` through rank `number`'s forced command; its stdout, or None when no address answers."""
         if verb not in PEER_VERBS:
             raise ValueError(f"peer verb {verb!r} is not one of {', '.join(PEER_VERBS)}")
-        for address in self.worker_addresses:
+        found = [peer for peer in self.peers() if peer.rank == number]
+        if not found:
+            raise ValueError(f"rank {number} is not one of this group's ranks 1..{self.size - 1}")
+        who = rank_name(number, self.size)
+        for address in found[0].addresses:
             argv = ["ssh", "-i", self.ssh_key, "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
                     "-o", f"ConnectTimeout={int(self.ssh_timeout_s)}", "-o", "StrictHostKeyChecking=yes",
                     "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "LogLevel=ERROR",
@@ -141,20 +177,53 @@ class LivePair:
                 out = subprocess.run(argv, capture_output=True, text=True, check=False,
                                      timeout=self.ssh_timeout_s + 120)
             except subprocess.TimeoutExpired:
-                log(4, f"worker {address}: `{verb}` timed out")
+                log(4, f"{who} {address}: `{verb}` timed out")
                 continue
             if out.returncode == 255:  # ssh's own failure: try the next address
-                log(4, f"worker {address} unreachable over SSH: {out.stderr.strip() or 'no answer'}")
+                log(4, f"{who} {address} unreachable over SSH: {out.stderr.strip() or 'no answer'}")
                 continue
             if out.returncode != 0:
-                raise RuntimeError(f"worker {address}: `{verb}` failed (exit {out.returncode}): "
+                raise RuntimeError(f"{who} {address}: `{verb}` failed (exit {out.returncode}): "
                                    f"{out.stderr.strip() or out.stdout.strip()}")
             return out.stdout.strip()
         return None
 
+    def _group_answer(self, verb: str) -> tuple[str, str | None]:
+        """Ask every rank but the head `verb` (state or state-since), in rank order: (whose answer, the answer)."""
+        answers: list[tuple[str, str]] = []
+        for peer in self.peers():
+            name = rank_name(peer.rank, self.size)
+            text = self.rank(peer.rank, verb)
+            if text is None:
+                return name, None
+            answers.append((name, text))
+        judged = [(name, text, *worker_status(text)) for name, text in answers]
+        for name, text, state, _ in judged:
+            if state != "active":
+                return name, text
+        aged = [item for item in judged if item[3] is not None]
+        name, text, _, _ = min(aged, key=lambda item: item[3]) if aged else judged[0]
+        return name, text
+
+    def peer_status(self) -> tuple[str, str | None, float | None]:
+        """(whose, ActiveState, seconds active) of the worker, or in a larger group of the first rank that is not
+        active, else of the youngest; the state None when that rank cannot be reached, the age None when unknown."""
+        if not self.more_ranks:
+            return (rank_name(1),) + self.worker_status()
+        try:
+            name, text = self._group_answer("state-since")
+        except RuntimeError:  # an older forced command refuses the verb: ask what they know
+            name, text = self._group_answer("state")
+            return name, text, None
+        if text is None:
+            return name, None, None
+        return (name,) + worker_status(text)
+
     def worker_status(self) -> tuple[str | None, float | None]:
         """The worker's ActiveState and how long its rank has been active (None: unreachable, or an older forced
-        command that only says the state)."""
+        command that only says the state); in a larger group, as `peer_status` judges its ranks."""
+        if self.more_ranks:
+            return self.peer_status()[1:]
         try:
             text = self.worker("state-since")
         except RuntimeError:  # an older forced command refuses the verb: ask what it knows
@@ -208,7 +277,7 @@ class LivePair:
         /metrics again after a probe that timed out. Without a policy: the units and the probe only."""
         props = self.head_props()
         head_state = props.get("ActiveState") or "unknown"
-        worker_state, worker_for = self.worker_status()
+        worker_name, worker_state, worker_for = self.peer_status()
         active_for = active_for_s(props, time.monotonic())
         probe, detail = Generation.SKIPPED, ""
         samples: list[Sample] = []
@@ -232,7 +301,7 @@ class LivePair:
             alone = head_replaced_since_served(self.served(), invocation, worker_for, time.time())
         return Observation(head_state, worker_state, probe, detail, active_for, tuple(samples),
                            worker_active_for_s=worker_for, fabric_down=fabric, head_invocation=invocation,
-                           head_alone_s=alone)
+                           head_alone_s=alone, worker_name=worker_name)
 
 
 def peer_problem(address: str, port: int, timeout_s: float) -> str | None:

@@ -37,7 +37,7 @@ from twinspark import atomic, layout, safeio
 from twinspark import memfit as planner
 from twinspark.fleet import drain
 from twinspark.pair.io import LivePair, guard_key_problem, log, router_of
-from twinspark.pair.rules import Generation
+from twinspark.pair.rules import Generation, rank_name
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
 
@@ -377,32 +377,43 @@ RESTART_STEPS = ((HEAD, "stop"), (WORKER, "stop"), (WORKER, "start"), (HEAD, "st
 STOP_STEPS = ((HEAD, "stop"), (WORKER, "stop"))
 
 
-def steps(verb: str, head_state: str | None = None, worker_state: str | None = None) -> tuple[tuple[str, str], ...]:
+def rank_names(size: int = 2) -> tuple[str, ...]:
+    """The ranks' names in rank order: a pair's head and worker, a larger group's rank 0..N-1 (rules.rank_name)."""
+    return tuple(rank_name(rank, size) for rank in range(size))
+
+
+def steps(verb: str, head_state: str | None = None, worker_state: str | None = None,
+          size: int = 2) -> tuple[tuple[str, str], ...]:
     """The ordered steps of `twinspark pair start|stop|restart`, given the ranks' ActiveState.
 
     restart: stop head, stop worker, start worker, start head, whatever the states. stop: head, then worker (the
     worker then finds no head to wait for). start: nothing when both ranks are active; otherwise the whole ordered
     restart, since a rank started next to a live or orphaned peer hangs in the rendezvous (stopping a stopped rank
-    costs nothing)."""
+    costs nothing). A group of `size` ranks stops rank 0, then 1..N-1, and starts N-1..1, then rank 0; its
+    `worker_state` speaks for all its ranks but the head (LivePair.worker)."""
+    names = rank_names(size)
+    stop = tuple((name, "stop") for name in names)
+    restart = stop + tuple((name, "start") for name in reversed(names))
     if verb == "restart":
-        return RESTART_STEPS
+        return restart
     if verb == "stop":
-        return STOP_STEPS
+        return stop
     if verb == "start":
-        return () if (head_state, worker_state) == ("active", "active") else RESTART_STEPS
+        return () if (head_state, worker_state) == ("active", "active") else restart
     raise ValueError(f"pair verb {verb!r} is not one of start, stop, restart")
 
 
 def put_back(done: Sequence[tuple[str, str]], plan: Sequence[tuple[str, str]] = RESTART_STEPS,
              ) -> tuple[tuple[str, str], ...]:
     """What to start again after the ordered steps of `plan` failed midway, given the steps that completed: every
-    rank this run stopped and did not start again, worker first (the order a pair comes up in). Nothing when no rank
-    was left stopped by the run, or when the plan only stops (a stop is meant to leave the ranks down)."""
-    if not any(verb == "start" for _, verb in plan):
+    rank this run stopped and did not start again, in the order the plan starts them (worker, then head). Nothing
+    when no rank was left stopped by the run, or when the plan only stops (a stop is meant to leave the ranks down)."""
+    starts = [rank for rank, verb in plan if verb == "start"]
+    if not starts:
         return ()
     stopped = [rank for rank, verb in done if verb == "stop"]
     started = {rank for rank, verb in done if verb == "start"}
-    left = [rank for rank in (WORKER, HEAD) if rank in stopped and rank not in started]
+    left = [rank for rank in starts if rank in stopped and rank not in started]
     return tuple((rank, "start") for rank in left)
 
 
@@ -547,12 +558,16 @@ def _done_words(done: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def _step(pair: LivePair, rank: str, verb: str) -> str:
-    """One step; '' when it worked, else why not."""
+    """One step; '' when it worked, else why not. The head (or rank 0) through systemctl, the pair's worker through
+    its forced command, a larger group's rank r through its own."""
     try:
-        if rank == HEAD:
+        if rank in (HEAD, "rank 0"):
             pair.head(verb)
-        elif pair.worker(verb) is None:
-            return f"the worker could not be reached to {verb} it"
+        elif rank == WORKER:
+            if pair.worker(verb) is None:
+                return f"the worker could not be reached to {verb} it"
+        elif pair.rank(int(rank.removeprefix("rank ")), verb) is None:
+            return f"{rank} could not be reached to {verb} it"
     except subprocess.CalledProcessError as exc:
         return f"systemctl {verb} of the {rank} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}"
     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
@@ -590,7 +605,7 @@ def preflight(pair: LivePair, steps: Sequence[tuple[str, str]]) -> str:
             log(4, fit.warning)
         if fit.refusal:
             return fit.refusal + "; nothing was stopped"
-    if not any(rank == WORKER for rank, _ in steps):
+    if all(rank in (HEAD, "rank 0") for rank, _ in steps):
         return ""
     problem = guard_key_problem(getattr(pair, "ssh_key", None))
     if problem:
@@ -599,6 +614,11 @@ def preflight(pair: LivePair, steps: Sequence[tuple[str, str]]) -> str:
         state = pair.worker("state")
     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
         return f"the worker's forced command does not answer `state` ({exc}); nothing was stopped"
+    if state is None and getattr(pair, "more_ranks", ()):
+        who, _, _ = pair.peer_status()
+        where = ", ".join(next(peer.addresses for peer in pair.peers() if rank_name(peer.rank, pair.size) == who))
+        return (f"{who} of the group does not answer over SSH at {where} with the guard's key: check that it is up "
+                f"and its sshd runs (ssh -i <key> <user>@<{who}> state on the head says why); nothing was stopped")
     if state is None:
         return (f"the worker does not answer over SSH at {', '.join(pair.worker_addresses)} with the guard's key: "
                 "check that it is up and its sshd runs (ssh -i <key> <user>@<worker> state on the head says why); "
@@ -626,9 +646,10 @@ def wait_serving(pair: LivePair, ready_timeout_s: float, probe_timeout_s: float,
             worker_state = pair.worker("state")
             next_worker = clock() + worker_every_s
         if head_state not in ("active", "activating") or worker_state not in ("active", "activating"):
+            others = "worker" if getattr(pair, "size", 2) == 2 else "the other ranks"
             return False, (f"a rank left active while starting (head {head_state}, "
-                           f"worker {worker_state or 'unreachable'}); see journalctl -u twinspark-vllm -n 120 on "
-                           "both nodes")
+                           f"{others} {worker_state or 'unreachable'}); see journalctl -u twinspark-vllm -n 120 on "
+                           f"{'both nodes' if others == 'worker' else 'every node'}")
         probe, detail = pair.probe(probe_timeout_s)
         waited = clock() - started
         if probe is Generation.OK:
@@ -651,7 +672,7 @@ def ordered_restart(pair: LivePair, ready_timeout_s: float, probe_timeout_s: flo
 
     Returns (ok, what happened). Gives up early when a rank's unit leaves `active` while waiting.
     """
-    ok, done = run_steps(pair, RESTART_STEPS)
+    ok, done = run_steps(pair, steps("restart", size=getattr(pair, "size", 2)))
     if not ok:
         return False, done
     return wait_serving(pair, ready_timeout_s, probe_timeout_s, poll_s, clock, sleep)
@@ -721,9 +742,9 @@ def run_verb(args: argparse.Namespace, pair: LivePair, verb: str) -> int:
                 if worker_state is None:
                     raise RuntimeError("the worker cannot be reached over SSH: its rank can be neither checked nor "
                                        "started, and the head alone would hang in the rendezvous")
-                plan = steps(verb, head_state, worker_state)
+                plan = steps(verb, head_state, worker_state, getattr(pair, "size", 2))
             else:
-                plan = steps(verb)
+                plan = steps(verb, size=getattr(pair, "size", 2))
             problem = preflight(pair, plan) if verb != "stop" else ""
             if problem:
                 raise RuntimeError(problem)

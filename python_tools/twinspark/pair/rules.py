@@ -30,6 +30,14 @@ def rank_unit() -> str:
     return layout.current().unit_vllm
 
 
+def rank_name(rank: int, size: int = 2) -> str:
+    """What the lifecycle, the guard and their lines call rank `rank` of a group of `size`: a pair keeps its head and
+    worker (the words its tools and logs have always used); a larger group says rank 0..N-1."""
+    if size == 2:
+        return ("head", "worker")[rank]
+    return f"rank {rank}"
+
+
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
 TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
 
@@ -131,6 +139,8 @@ class Observation:
     head_invocation: str = ""  # systemd's InvocationID of the head's rank: which start of the unit this is
     head_alone_s: float | None = None  # `head_replaced_since_served`: the pair served this long ago with the
     # worker's current rank and an earlier head rank (None: not so, or not known)
+    worker_name: str = "worker"  # whose state worker_state is: the pair's worker, or in a larger group the first
+    # rank that is not active (else its youngest), e.g. "rank 2"
 
 
 @dataclass(frozen=True)
@@ -307,25 +317,28 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
         progress = track(None, obs.samples, policy)
     if obs.fabric_down and obs.probe is not Generation.OK:
         return Verdict.FABRIC_DOWN, f"the fabric is down: {obs.fabric_down}"
+    worker = obs.worker_name
     if obs.worker_state is None:
-        return Verdict.UNKNOWN, "the worker cannot be reached over SSH: its rank can be neither checked nor restarted"
-    for rank, state in (("head", obs.head_state), ("worker", obs.worker_state)):
+        return Verdict.UNKNOWN, (f"the {worker} cannot be reached over SSH: its rank can be neither checked nor "
+                                 "restarted")
+    for rank, state in (("head", obs.head_state), (worker, obs.worker_state)):
         if state in TRANSITIONAL:
             return Verdict.STARTING, f"the {rank}'s {rank_unit()} is {state}"
     down = [f"{rank}'s {rank_unit()} is {state}" for rank, state in (("head", obs.head_state),
-                                                            ("worker", obs.worker_state)) if state != "active"]
+                                                            (worker, obs.worker_state)) if state != "active"]
     if down:
-        return Verdict.BROKEN, " and ".join(down) + ": a half pair never heals by itself"
+        whole = "a half pair" if worker == "worker" else "a group missing a rank"
+        return Verdict.BROKEN, " and ".join(down) + f": {whole} never heals by itself"
     if obs.probe is Generation.OK:
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
     if obs.head_alone_s is not None:
         return Verdict.BROKEN, (f"the head's rank was started after the pair last served ({obs.head_alone_s:.0f} s "
-                                f"ago) while the worker's rank kept running, and it does not serve "
+                                f"ago) while the {worker}'s rank kept running, and it does not serve "
                                 f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
                                 "alone, e.g. by systemd with its firewall unit); ordered restart")
     late = head_started_late_s(obs, policy)
     if late is not None:
-        return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after the worker's rank and does not serve "
+        return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after the {worker}'s rank and does not serve "
                                 f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
                                 "alone, e.g. by systemd with its firewall unit); ordered restart")
     if obs.probe in (Generation.TIMEOUT, Generation.SKIPPED) and progress is not None:
