@@ -154,6 +154,9 @@ def twinspark_pair_problems(all_hostvars, groups):
     """Every problem of the inventory, one line each: the fleet's rules (python_tools/twinspark/fleet/rules.py: pairs,
     router, port clashes), then each pair's own, prefixed by the pair's name when the inventory names its pairs."""
     plain = _plain_hostvars(all_hostvars, groups)
+    members = [str(host) for host in groups.get(group.GROUP_GROUP) or []]
+    if members and not (groups.get(HEAD_GROUP) or groups.get(WORKER_GROUP)):
+        return _group_inventory_problems(plain, groups, members)
     lines = fleet.problems(plain, groups)
     if not fleet.is_fleet(plain, groups):
         heads = groups.get(HEAD_GROUP) or []
@@ -163,6 +166,25 @@ def twinspark_pair_problems(all_hostvars, groups):
         with_drain = _with_drain_defaults(pair.head, groups, all_hostvars)
         lines += [f"pair {pair.name}: {line}" for line in _one_pair_problems(with_drain, fleet.pair_groups(pair))]
     return lines
+
+
+def _group_inventory_problems(plain, groups, members):
+    """site.yml on an inventory whose nodes sit in group twinspark_group (docs/GROUPS.md): every problem of the group
+    as serving judges it (ranks, layout against the recipe, topology, addresses), then of each rank's env files, and,
+    the group being sound, the one line that says site.yml does not serve it yet, so no play starts on a group the
+    roles would leave half-configured."""
+    lines = twinspark_group_problems(plain, groups)
+    if lines:
+        return lines
+    found = group.read(group.GROUP_GROUP, members, plain, groups)
+    try:
+        nodeenv.group_envs(plain, found.ranks, found.tp, found.pp)
+    except nodeenv.NodeEnvError as error:
+        return list(error.problems)
+    return [f"group {group.GROUP_GROUP} ({found.size} node(s), {found.topology}, TP{found.tp}xPP{found.pp}) is sound, "
+            "but site.yml serves a pair only so far: playbooks/fabric.yml configures and checks this group's fabric; "
+            f"to serve, put a head and a worker in groups {HEAD_GROUP} and {WORKER_GROUP} (docs/GROUPS.md, "
+            "\"Not built yet\")"]
 
 
 def _one_pair_problems(all_hostvars, groups):

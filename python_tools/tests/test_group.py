@@ -317,3 +317,21 @@ def test_the_fabric_network_must_hold_every_subnet_the_plan_hands_out(network, w
         assert group.cable_interfaces(ring, "n3", "cpu")[0]["address"].startswith("10.77.")
     else:
         assert any(wanted in line for line in found), found
+
+
+@pytest.mark.parametrize(("count", "first", "wanted"), [
+    (3, {}, "does not divide recipe tiny-llama's 4 attention heads"),
+    (4, {"twinspark_tensor_parallel": 2}, "is 2 x 1 = 2, but the group has 4 node(s)"),
+    (3, {"twinspark_topology": "ring"}, "ring takes 4-8 node(s)"),
+    (4, {"twinspark_vllm_port": 8001}, "twinspark_vllm_port"),
+    (4, {}, "is sound, but site.yml serves a pair only so far"),
+])
+def test_site_yml_judges_a_group_inventory_whole_and_never_starts_on_it(count, first, wanted):
+    """playbooks/validate.yml's filter on the simulated group's inventory: every problem of the group and of its ranks'
+    env files (a setting given to rank 0 alone that must be equal on every rank), and a sound group refused with the
+    one line naming what serves it today, before any host is touched."""
+    host_vars, groups = _group_inventory(count, **first)
+    found = _filters().twinspark_pair_problems(host_vars, groups)
+    assert found and any(wanted in line for line in found), found
+    if "is sound" in wanted:
+        assert len(found) == 1
