@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from twinspark import cli
-from twinspark.doctor import findings, rules
+from twinspark.doctor import command, findings, rules
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -191,6 +191,52 @@ def test_a_clock_offset_above_the_bound_is_found():
     assert "0.800 s apart" in finding(report, "pair.clock").message
     worker["clock"]["offset_s"] = findings.CLOCK_OFFSET_BOUND_S * 0.9
     assert not {"clock.offset", "pair.clock"} & set(ids(judge(facts("head"), worker)))
+
+
+def _rank(item: dict, name: str) -> dict:
+    """A copy of a handshaped node's facts under another hostname: a third or fourth rank of a group."""
+    other = copy.deepcopy(item)
+    other["hostname"] = name
+    return other
+
+
+def test_a_group_of_four_is_compared_across_every_rank():
+    worker = facts("worker")
+    ranks = [facts("head"), worker, _rank(worker, "spark-c"), _rank(worker, "spark-d")]
+    assert ids(judge(*ranks)) == []
+    ranks[3]["kernel"] = "6.17.0-1020-nvidia"
+    ranks[2]["clock"]["offset_s"] = 0.45
+    ranks[3]["clock"]["offset_s"] = -0.2
+    report = judge(*ranks)
+    kernel = finding(report, "pair.kernel")
+    assert kernel.host == "spark-a+spark-b+spark-c+spark-d"
+    assert kernel.message.endswith("spark-c 6.17.0-1014-nvidia, spark-d 6.17.0-1020-nvidia")
+    assert "every node of the group" in kernel.fix
+    # each clock within the bound of its source, but two ranks 0.65 s apart
+    assert "clock.offset" not in ids(report)
+    assert "up to 0.650 s apart" in finding(report, "pair.clock").message
+
+
+def test_one_rank_of_a_group_with_another_mtu_stops_the_group():
+    worker = facts("worker")
+    ranks = [facts("head"), worker, _rank(worker, "spark-c")]
+    for item in ranks[2]["netdevs"]:
+        if item.get("mtu") == 9000:
+            item["mtu"] = 1500
+    found = finding(judge(*ranks), "pair.mtu")
+    assert found.severity == findings.STOP and "spark-c 1500" in found.message
+
+
+def test_the_command_judges_up_to_eight_facts_files(tmp_path, capsys):
+    paths = []
+    for index, name in enumerate(("spark-a", "spark-b", "spark-c")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(_rank(facts("head" if index == 0 else "worker"), name)), encoding="utf-8")
+        paths.append(str(path))
+    assert cli.main(["doctor", *[w for path in paths for w in ("--facts", path)], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"] == []
+    assert cli.main(["doctor", *[w for _ in range(9) for w in ("--facts", paths[0])]]) == command.EXIT_BAD_INPUT
+    assert "give one file (a node), or two to eight (a pair or a group)" in capsys.readouterr().err
 
 
 def test_an_unsynchronised_clock_is_a_warning():

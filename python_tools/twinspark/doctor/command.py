@@ -3,7 +3,7 @@
   twinspark doctor [--json]                          collect here and judge, with this node's env file
   twinspark doctor --collect                         print the facts as JSON (the settings the rules read included)
   twinspark doctor --facts FILE [--facts FILE] [--preflight] [--json]
-                                                     judge saved facts; two files are judged as a pair too
+                                                     judge saved facts; two to eight are compared too
 
 Settings come from --env FILE... (default: this node's serve env file when it can be read), else the registry's
 defaults for --profile. Exit codes: 0 clean, 1 warnings only, 2 a finding that stops serving (acknowledged ones
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.collect and args.facts:
             raise BadInput("--collect and --facts exclude each other: collect here, or judge saved facts")
-        if len(args.facts) > 2:
-            raise BadInput("--facts: give one file (a node) or two (a pair), not more")
+        if len(args.facts) > 8:
+            raise BadInput("--facts: give one file (a node), or two to eight (a pair or a group), not more")
         given = _env_values(args.env_files, args.profile) if (args.env_files or not args.facts) else None
         if args.collect:
             print(json.dumps(collect_here(given or {}), indent=1, sort_keys=True))
@@ -119,7 +119,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--collect", action="store_true", help="print this node's facts as JSON, judge nothing")
     parser.add_argument("--facts", action="append", default=[], metavar="FILE",
-                        help="judge facts saved by --collect; twice for the two nodes of a pair")
+                        help="judge facts saved by --collect; twice for the two nodes of a pair, up to eight times "
+                             "for a group (compared across every node)")
     parser.add_argument("--env", action="append", default=[], metavar="FILE", dest="env_files",
                         help=f"env file(s) to judge against (default: {default_env_file()}, or with --facts the "
                              "settings recorded in the facts)")

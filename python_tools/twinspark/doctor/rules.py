@@ -470,32 +470,47 @@ def _offset(facts: Mapping) -> float | None:
 
 def pair_rules(a: str, b: str, facts: Mapping[str, Mapping], envs: Mapping[str, Mapping[str, str]]) -> list[Found]:
     """Compare the two nodes of a pair: kernel, driver, NCCL, fabric MTU, clock, firmware, OS."""
+    return group_rules([a, b], facts, envs)
+
+
+def group_rules(hosts: Sequence[str], facts: Mapping[str, Mapping],
+                envs: Mapping[str, Mapping[str, str]]) -> list[Found]:
+    """Compare every node of a group (a pair is the group of two): kernel, driver, NCCL, fabric MTU, clock, firmware,
+    OS. A value a node does not know is left out of its comparison; the finding lists every node's value."""
     found = []
+    every = "both nodes" if len(hosts) == 2 else "every node of the group"
 
     def differ(finding: str, what: str, read: Callable[[str], object], fix: str) -> None:
-        va, vb = read(a), read(b)
-        if va is not None and vb is not None and va != vb:
-            found.append(Found(finding, f"{what} differ: {a} {va}, {b} {vb}", fix))
+        values = {host: read(host) for host in hosts}
+        known = {host: value for host, value in values.items() if value is not None}
+        if len(set(map(str, known.values()))) > 1:
+            found.append(Found(finding, f"{what} differ: " + ", ".join(f"{h} {v}" for h, v in known.items()), fix))
 
     differ("pair.kernel", "the kernels", lambda host: facts[host].get("kernel"),
-           "boot the same kernel on both nodes (DGX OS: apt full-upgrade on both, then reboot both)")
+           "boot the same kernel on both nodes (DGX OS: apt full-upgrade on both, then reboot both)" if len(hosts) == 2
+           else f"boot the same kernel on {every} (DGX OS: apt full-upgrade on each, then reboot them)")
     differ("pair.driver", "the NVIDIA drivers",
            lambda host: facts[host].get("driver_version") if _known(facts[host].get("driver_version")) else None,
-           "install the same driver on both (nvidia_driver_mode=install pins one branch; DGX OS: upgrade both)")
+           f"install the same driver on {'both' if len(hosts) == 2 else every} (nvidia_driver_mode=install pins one "
+           f"branch; DGX OS: upgrade {'both' if len(hosts) == 2 else 'them all'})")
     differ("pair.nccl", "the NCCL versions vLLM would load", lambda host: _nccl_version(facts[host]),
-           "install the same libnccl2 on both (nvidia_driver_nccl_version pins one); NCCL ranks of different "
-           "versions can fail to connect or hang")
+           f"install the same libnccl2 on {'both' if len(hosts) == 2 else every} (nvidia_driver_nccl_version pins "
+           "one); NCCL ranks of different versions can fail to connect or hang")
     differ("pair.mtu", "the fabric MTUs", lambda host: _fabric_mtu(facts[host], envs[host]),
-           "playbooks/fabric.yml sets one MTU (spark_fabric_mtu) on both nodes; a mismatch drops every jumbo frame")
+           f"playbooks/fabric.yml sets one MTU (spark_fabric_mtu) on {every}; a mismatch drops every jumbo frame")
     differ("pair.firmware", "the ConnectX firmware versions", lambda host: _firmware(facts[host]),
-           "flash both ConnectX-7s to the same firmware (DGX OS firmware updates, then reboot both)")
-    differ("pair.os", "the OS releases", lambda host: _os(facts[host]), "upgrade both nodes to the same release")
-    offset_a, offset_b = _offset(facts[a]), _offset(facts[b])
-    if offset_a is not None and offset_b is not None and abs(offset_a - offset_b) > CLOCK_OFFSET_BOUND_S:
-        found.append(Found("pair.clock", f"the two clocks are {abs(offset_a - offset_b):.3f} s apart ({a} "
-                                              f"{offset_a:+.3f} s, {b} {offset_b:+.3f} s off their sources), more than "
-                                              f"{CLOCK_OFFSET_BOUND_S} s",
-                                "synchronise both nodes against the same time source"))
+           f"flash {'both ConnectX-7s' if len(hosts) == 2 else 'every ConnectX-7'} to the same firmware (DGX OS "
+           f"firmware updates, then reboot {'both' if len(hosts) == 2 else 'them'})")
+    differ("pair.os", "the OS releases", lambda host: _os(facts[host]),
+           f"upgrade {every} to the same release")
+    offsets = {host: offset for host in hosts if (offset := _offset(facts[host])) is not None}
+    if len(offsets) >= 2 and max(offsets.values()) - min(offsets.values()) > CLOCK_OFFSET_BOUND_S:
+        spread = max(offsets.values()) - min(offsets.values())
+        which = "the two clocks are" if len(hosts) == 2 else "the group's clocks are up to"
+        found.append(Found("pair.clock", f"{which} {spread:.3f} s apart ("
+                                         + ", ".join(f"{h} {o:+.3f} s" for h, o in offsets.items())
+                                         + f" off their sources), more than {CLOCK_OFFSET_BOUND_S} s",
+                           f"synchronise {every} against the same time source"))
     return found
 
 
@@ -530,18 +545,19 @@ def judge_node(host: str, facts: Mapping, env: Mapping[str, str]) -> Report:
 
 
 def judge_pair(facts: Mapping[str, Mapping], envs: Mapping[str, Mapping[str, str]]) -> Report:
-    """Both nodes' own rules, then the comparison; `facts` and `envs` are keyed by host (two of them)."""
+    """Every node's own rules, then the comparison across them; `facts` and `envs` are keyed by host (two for a pair,
+    up to eight for a group)."""
     findings: list[Finding] = []
     later: list[Later] = []
     for host in facts:
         report = judge_node(host, facts[host], envs[host])
         findings += report.findings
         later += report.later
-    if len(facts) == 2:
-        a, b = list(facts)
-        profile = envs[a].get("TWINSPARK_PROFILE", "gb10")
-        acked = [i for host in (a, b) for i in acknowledged_ids(envs[host].get(ACK_ENV, ""))]
-        findings += [_finding(found, f"{a}+{b}", acked) for found in pair_rules(a, b, facts, envs)
+    if len(facts) >= 2:
+        hosts = list(facts)
+        profile = envs[hosts[0]].get("TWINSPARK_PROFILE", "gb10")
+        acked = [i for host in hosts for i in acknowledged_ids(envs[host].get(ACK_ENV, ""))]
+        findings += [_finding(found, "+".join(hosts), acked) for found in group_rules(hosts, facts, envs)
                      if profile in CATALOGUE[found.id].profiles]
     return Report(findings, later)
 
