@@ -181,10 +181,10 @@ def _group_inventory_problems(plain, groups, members):
         nodeenv.group_envs(plain, found.ranks, found.tp, found.pp)
     except nodeenv.NodeEnvError as error:
         return list(error.problems)
-    return [f"group {group.GROUP_GROUP} ({found.size} node(s), {found.topology}, TP{found.tp}xPP{found.pp}) is sound, "
-            "but site.yml serves a pair only so far: playbooks/fabric.yml configures and checks this group's fabric; "
-            f"to serve, put a head and a worker in groups {HEAD_GROUP} and {WORKER_GROUP} (docs/GROUPS.md, "
-            "\"Not built yet\")"]
+    shape = f"{found.size} node(s), {found.topology}, TP{found.tp}xPP{found.pp}"
+    return [(f"group {group.GROUP_GROUP} ({shape}) is sound, but site.yml serves a pair only so far: "
+             "playbooks/fabric.yml configures and checks this group's fabric; to serve, put a head and a worker in "
+             f"groups {HEAD_GROUP} and {WORKER_GROUP} (docs/GROUPS.md, \"Not built yet\")")]
 
 
 def _one_pair_problems(all_hostvars, groups):
