@@ -45,6 +45,12 @@ def _pair(groups, all_hostvars):
     return head, worker, nodeenv.pair_envs({head: all_hostvars[head], worker: all_hostvars[worker]}, head, worker)
 
 
+def _group_envs(found, all_hostvars):
+    """Every rank's (serve, secrets) env of the inventory's group (nodeenv.group_envs); NodeEnvError names what is
+    wrong."""
+    return nodeenv.group_envs({host: all_hostvars[host] for host in found.ranks}, found.ranks, found.tp, found.pp)
+
+
 def _plain_hostvars(all_hostvars, groups):
     return {host: all_hostvars[host] for host in groups.get("all", []) if host in all_hostvars}
 
@@ -81,8 +87,39 @@ def twinspark_own_pair(host_name, *args):
         raise AnsibleFilterError(f"{host_name}: is in no well-formed pair of this fleet inventory; put it in its "
                                  f"pair's group under {fleet.SINGLE_PAIR} (playbooks/validate.yml names what is "
                                  "wrong) or leave it out of the play")
-    problems = [] if fleet.is_fleet(plain, groups) else nodeenv.group_problems(groups)
-    return {"name": pair.name, "head": pair.head, "worker": pair.worker, "hosts": pair.hosts, "problems": problems}
+    found = fleet.group_of(plain, groups)
+    if found is not None:
+        problems = list(found.problems) + fleet.group_placement_problems(found, groups)
+    else:
+        problems = [] if fleet.is_fleet(plain, groups) else nodeenv.group_problems(groups)
+    return {"name": pair.name, "head": pair.head, "worker": pair.worker, "more": list(pair.more), "hosts": pair.hosts,
+            "problems": problems}
+
+
+def twinspark_guard_rank_args(more, all_hostvars):
+    """The `twinspark pair` words for ranks 2..N-1 of a group (`more`: their hosts in rank order, as
+    twinspark_own_pair gives them): --rank=R:ADDRESS for each rank's fabric address, then its management address, the
+    order the guard tries them in (as --worker for rank 1). [] for a pair."""
+    words = []
+    for rank, host in enumerate(more, start=2):
+        own = all_hostvars[host]
+        for address in dict.fromkeys([own.get("twinspark_fabric_address"), own.get("ansible_host") or host]):
+            if address:
+                words.append(f"--rank={rank}:{address}")
+    return words
+
+
+def twinspark_peer_addresses(hosts, all_hostvars, fabric_only=False):
+    """{host: its addresses, fabric first, then management} for each of `hosts` (the ranks a head's key reaches), as
+    role peer_key records them in the holder's known_hosts; fabric_only: the fabric address alone."""
+    found = {}
+    for host in hosts:
+        own = all_hostvars[host]
+        addresses = [own.get("twinspark_fabric_address")]
+        if not fabric_only:
+            addresses.append(own.get("ansible_host") or host)
+        found[host] = [address for address in dict.fromkeys(addresses) if address]
+    return found
 
 
 def twinspark_fabric_peers(host_name, *args):
@@ -137,6 +174,13 @@ def twinspark_node_env(host_vars, *args):
     """This node's env as {ENV_NAME: value} (serve and secrets together; use no_log where secrets may show)."""
     host_name, groups, all_hostvars = _split_args(args)
     host_name = host_name or str(host_vars["inventory_hostname"])
+    found = fleet.group_of(_plain_hostvars(all_hostvars, groups), groups)
+    if found is not None and host_name in found.ranks:
+        try:
+            serve, secrets = _group_envs(found, all_hostvars)[host_name]
+        except nodeenv.NodeEnvError as error:
+            raise AnsibleFilterError("invalid TwinSpark inventory:\n" + str(error)) from None
+        return {**serve, **secrets}
     pair_groups = _own_pair_groups(host_name, groups, all_hostvars)
     all_hostvars, groups = _with_drain_defaults(host_name, groups, all_hostvars), pair_groups
     try:
@@ -155,7 +199,7 @@ def twinspark_pair_problems(all_hostvars, groups):
     router, port clashes), then each pair's own, prefixed by the pair's name when the inventory names its pairs."""
     plain = _plain_hostvars(all_hostvars, groups)
     members = [str(host) for host in groups.get(group.GROUP_GROUP) or []]
-    if members and not (groups.get(HEAD_GROUP) or groups.get(WORKER_GROUP)):
+    if members:
         return _group_inventory_problems(plain, groups, members)
     lines = fleet.problems(plain, groups)
     if not fleet.is_fleet(plain, groups):
@@ -170,21 +214,19 @@ def twinspark_pair_problems(all_hostvars, groups):
 
 def _group_inventory_problems(plain, groups, members):
     """site.yml on an inventory whose nodes sit in group twinspark_group (docs/GROUPS.md): every problem of the group
-    as serving judges it (ranks, layout against the recipe, topology, addresses), then of each rank's env files, and,
-    the group being sound, the one line that says site.yml does not serve it yet, so no play starts on a group the
-    roles would leave half-configured."""
+    as serving judges it (ranks, layout against the recipe, topology, addresses), where its ranks sit (rank 0 in
+    twinspark_head, the others in twinspark_worker), then each rank's env files and retired settings."""
     lines = twinspark_group_problems(plain, groups)
     if lines:
         return lines
     found = group.read(group.GROUP_GROUP, members, plain, groups)
+    lines = fleet.group_placement_problems(found, groups)
+    lines += [f"{host}: {line}" for host in found.ranks for line in budget.retired_problems(plain.get(host, {}))]
     try:
-        nodeenv.group_envs(plain, found.ranks, found.tp, found.pp)
+        _group_envs(found, plain)
     except nodeenv.NodeEnvError as error:
-        return list(error.problems)
-    shape = f"{found.size} node(s), {found.topology}, TP{found.tp}xPP{found.pp}"
-    return [(f"group {group.GROUP_GROUP} ({shape}) is sound, but site.yml serves a pair only so far: "
-             "playbooks/fabric.yml configures and checks this group's fabric; to serve, put a head and a worker in "
-             f"groups {HEAD_GROUP} and {WORKER_GROUP} (docs/GROUPS.md, \"Not built yet\")")]
+        lines += list(error.problems)
+    return lines
 
 
 def _one_pair_problems(all_hostvars, groups):
@@ -270,6 +312,8 @@ class FilterModule:
             "twinspark_knob_default": twinspark_knob_default,
             "twinspark_node_env": twinspark_node_env,
             "twinspark_own_pair": twinspark_own_pair,
+            "twinspark_guard_rank_args": twinspark_guard_rank_args,
+            "twinspark_peer_addresses": twinspark_peer_addresses,
             "twinspark_fabric_peers": twinspark_fabric_peers,
             "twinspark_fabric_cables": twinspark_fabric_cables,
             "twinspark_group_problems": twinspark_group_problems,

@@ -324,14 +324,59 @@ def test_the_fabric_network_must_hold_every_subnet_the_plan_hands_out(network, w
     (4, {"twinspark_tensor_parallel": 2}, "is 2 x 1 = 2, but the group has 4 node(s)"),
     (3, {"twinspark_topology": "ring"}, "ring takes 4-8 node(s)"),
     (4, {"twinspark_vllm_port": 8001}, "twinspark_vllm_port"),
-    (4, {}, "is sound, but site.yml serves a pair only so far"),
+    (4, {}, "group twinspark_head: must hold exactly rank 0 of group twinspark_group, node1; it holds none"),
 ])
-def test_site_yml_judges_a_group_inventory_whole_and_never_starts_on_it(count, first, wanted):
+def test_site_yml_judges_a_group_inventory_whole_before_any_host(count, first, wanted):
     """playbooks/validate.yml's filter on the simulated group's inventory: every problem of the group and of its ranks'
-    env files (a setting given to rank 0 alone that must be equal on every rank), and a sound group refused with the
-    one line naming what serves it today, before any host is touched."""
+    env files (a setting given to rank 0 alone that must be equal on every rank), and where its ranks sit (rank 0 in
+    twinspark_head, the others in twinspark_worker: absent here)."""
     host_vars, groups = _group_inventory(count, **first)
     found = _filters().twinspark_pair_problems(host_vars, groups)
     assert found and any(wanted in line for line in found), found
-    if "is sound" in wanted:
-        assert len(found) == 1
+
+
+def _with_head_and_workers(host_vars: dict, groups: dict) -> tuple[dict, dict]:
+    """A group inventory as site.yml serves it: rank 0 also in twinspark_head, the other ranks in twinspark_worker."""
+    ranks = sorted(groups[group.GROUP_GROUP], key=lambda host: host_vars[host]["twinspark_rank"])
+    return host_vars, {**groups, "twinspark_head": ranks[:1], "twinspark_worker": ranks[1:]}
+
+
+def test_a_group_nodes_own_pair_is_its_group_with_rank_0_as_head():
+    host_vars, groups = _with_head_and_workers(*_group_inventory(4))
+    found = _filters().twinspark_own_pair("node3", groups, host_vars)
+    assert found == {"name": group.GROUP_GROUP, "head": "node1", "worker": "node2", "more": ["node3", "node4"],
+                     "hosts": ["node1", "node2", "node3", "node4"], "problems": []}
+    assert _filters().twinspark_pair_problems(host_vars, groups) == []
+
+
+@pytest.mark.parametrize(("head", "workers", "wanted"), [
+    (["node2"], ["node1", "node3", "node4"], "group twinspark_head: must hold exactly rank 0 of group twinspark_group, "
+                                             "node1; it holds node2"),
+    (["node1"], ["node2", "node3"], "group twinspark_worker: must hold every other rank of group twinspark_group "
+                                    "(node2, node3, node4); it holds node2, node3"),
+])
+def test_a_group_whose_head_or_workers_are_not_its_ranks_is_refused(head, workers, wanted):
+    host_vars, groups = _group_inventory(4)
+    groups = {**groups, "twinspark_head": head, "twinspark_worker": workers}
+    assert any(line.startswith(wanted) for line in _filters().twinspark_pair_problems(host_vars, groups))
+    assert any(line.startswith(wanted) for line in _filters().twinspark_own_pair("node1", groups,
+                                                                                  host_vars)["problems"])
+
+
+def test_each_rank_of_a_group_gets_its_own_env_with_rank_0_as_master():
+    host_vars, groups = _with_head_and_workers(*_group_inventory(4))
+    envs = {host: _filters().twinspark_node_env(host_vars[host], host, groups, host_vars) for host in groups["all"]}
+    assert [envs[host]["NODE_RANK"] for host in groups["all"]] == ["0", "1", "2", "3"]
+    assert {envs[host]["MASTER_ADDR"] for host in groups["all"]} == {"10.77.0.1"}
+    assert envs["node3"]["VLLM_HOST_IP"] == "10.77.0.3" and envs["node3"]["NNODES"] == "4"
+
+
+def test_the_guard_reaches_ranks_2_and_up_by_fabric_then_management_address():
+    filters = _filters()
+    host_vars = {"node3": {"twinspark_fabric_address": "10.77.0.4", "ansible_host": "10.78.0.3"},
+                 "node4": {"twinspark_fabric_address": "10.77.0.5", "ansible_host": "10.78.0.4"}}
+    assert filters.twinspark_guard_rank_args(["node3", "node4"], host_vars) == [
+        "--rank=2:10.77.0.4", "--rank=2:10.78.0.3", "--rank=3:10.77.0.5", "--rank=3:10.78.0.4"]
+    assert filters.twinspark_guard_rank_args([], host_vars) == []
+    assert filters.twinspark_peer_addresses(["node3"], host_vars) == {"node3": ["10.77.0.4", "10.78.0.3"]}
+    assert filters.twinspark_peer_addresses(["node4"], host_vars, True) == {"node4": ["10.77.0.5"]}

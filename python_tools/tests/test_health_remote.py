@@ -8,11 +8,14 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
 from twinspark import inventory
 from twinspark.health import command, remote
+
+ROOT = Path(__file__).resolve().parents[2]
 
 INVENTORY = """\
 all:
@@ -160,3 +163,32 @@ def test_a_node_whose_ssh_does_not_answer_is_one_line_naming_it_with_no_tracebac
     assert lines[1].startswith(f"cannot reach root@127.0.0.1:{closing_port} over SSH: SSHException")
     assert lines[2] == "True", "the API was still probed"
     assert "Traceback" not in done.stderr and "Exception" not in done.stderr
+
+
+def test_a_group_inventory_gives_every_rank_in_rank_order(tmp_path):
+    """scripts/sim/group-inventory.py's group of four: rank 0 is the head, the others are named by rank."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sim" / "group-inventory.py"), "4", "--write",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    pair = inventory.read_inventory(tmp_path / "hosts.yml")
+    assert [(node.name, node.role, node.host) for node in pair.nodes] == [
+        ("node1", "head", "10.78.0.1"), ("node2", "rank 1", "10.78.0.2"), ("node3", "rank 2", "10.78.0.3"),
+        ("node4", "rank 3", "10.78.0.4")]
+    assert pair.api_url.startswith("http://10.78.0.1:")
+    # a pair keeps its head and worker, and no other rank
+    pair_view = inventory.read_inventory(write(tmp_path, INVENTORY))
+    assert [node.role for node in pair_view.nodes] == ["head", "worker"]
+
+
+def test_the_sweep_asks_every_rank_of_a_group_and_names_each_one_it_cannot_reach(closing_port):
+    script = textwrap.dedent(f"""
+        from twinspark import inventory
+        from twinspark.health import remote
+        node = lambda name, role: inventory.Node(name, role, "127.0.0.1", {closing_port}, "root", None, True)
+        group = inventory.PairAccess(head=node("node1", "head"), worker=node("node2", "rank 1"),
+                                     api_url="http://127.0.0.1:9", more=(node("node3", "rank 2"), node("node4", "rank 3")))
+        outcome = remote.sweep(group, timeout=2)
+        print(sorted(outcome.errors))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.splitlines()[0] == "['node1', 'node2', 'node3', 'node4']"

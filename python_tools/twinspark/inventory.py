@@ -50,6 +50,13 @@ class PairAccess:
     api_ca: str | None = None
     """The controller-side file the API's certificate is verified against (twinspark.api.tls_ca_from_inventory);
     None: the API speaks plain HTTP."""
+    more: tuple[Node, ...] = ()
+    """A group of three or more (docs/GROUPS.md): ranks 2..N-1, in rank order."""
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node, in rank order: the head, the worker, then a group's other ranks."""
+        return (self.head, self.worker, *self.more)
 
 
 def _accepts_unknown_host_keys(hostvars: Mapping[str, object]) -> bool:
@@ -131,7 +138,8 @@ def read_fleet(source: str | Path) -> FleetView | None:
 
 def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:
     """The head, the worker and the API URL from an Ansible inventory (any source Ansible reads). In a fleet,
-    `pair` names the pair (its group); a one-pair inventory needs none."""
+    `pair` names the pair (its group); a one-pair inventory needs none. A group inventory (docs/GROUPS.md) of three
+    or more gives its rank 0 as head, rank 1 as worker and the other ranks as `more`."""
     # ansible: a controller extra (twinspark[controller]), absent from the nodes' venv.
     from ansible.template import Templar
 
@@ -144,10 +152,15 @@ def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:
                                  f"{', '.join(p.name for p in found) or 'none'}); run playbooks/validate.yml")
         groups = fleet.pair_groups(chosen[0])
 
-    try:
-        head_name, worker_name = nodeenv.pair_hosts(groups)
-    except nodeenv.NodeEnvError as error:
-        raise InventoryError(f"inventory {source}: " + "; ".join(error.problems)) from None
+    found = fleet.group_of(_host_vars(inventory, variables, groups), groups) if pair is None else None
+    if found is not None and len(found.ranks) > 2 and not found.problems:
+        head_name, worker_name, more_names = found.ranks[0], found.ranks[1], found.ranks[2:]
+    else:
+        more_names = ()
+        try:
+            head_name, worker_name = nodeenv.pair_hosts(groups)
+        except nodeenv.NodeEnvError as error:
+            raise InventoryError(f"inventory {source}: " + "; ".join(error.problems)) from None
 
     def node(name: str, role: str) -> tuple[Node, dict[str, object]]:
         hostvars = variables.get_vars(host=inventory.get_host(name))
@@ -176,10 +189,12 @@ def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:
         return found, {"value": value, "api_ca": api.tls_ca_from_inventory(tls)}
 
     head, head_vars = node(head_name, "head")
-    worker, _ = node(worker_name, "worker")
+    worker, _ = node(worker_name, "worker" if not more_names else "rank 1")
+    more = tuple(node(name, f"rank {rank}")[0] for rank, name in enumerate(more_names, start=2))
     port = api_port(head_vars["value"], source)
     ca = head_vars["api_ca"]
-    return PairAccess(head=head, worker=worker, api_url=api.base_url(head.host, port, tls=ca is not None), api_ca=ca)
+    return PairAccess(head=head, worker=worker, api_url=api.base_url(head.host, port, tls=ca is not None), api_ca=ca,
+                      more=more)
 
 
 def api_port(value: Callable[[str], object], source: str | Path = "the inventory") -> int:

@@ -4,7 +4,7 @@
     python3 scripts/sim/group-inventory.py N [--topology switch|mesh|ring] [--write DIR]
 
 Nodes node1..nodeN in inventory group twinspark_group, under twinspark_pair (docs/GROUPS.md), ranks 0..N-1 in
-that order, TP = N; the topology one node: single, two: direct, three or more: --topology (TWINSPARK_SIM_TOPOLOGY,
+that order (node1 also in twinspark_head, the others in twinspark_worker), TP = N; the topology one node: single, two: direct, three or more: --topology (TWINSPARK_SIM_TOPOLOGY,
 default switch). Addresses are the harness's: management 10.78.0.<n>, fabric 10.77.0.<n> (a switch group). A mesh or
 ring lists its cables in twinspark_links as the harness lays them (port 0 of node i to port 1 of node i+1, the last
 back to node1) and takes its addresses from them, one /24 per cable inside 10.77.0.0/16 (twinspark_fabric_network),
@@ -69,6 +69,12 @@ def hosts_yml(count: int, chosen: str = "") -> str:
                 lines += [f"              twinspark_fabric_network: {CABLE_NETWORK}",
                           "              twinspark_links:"]
                 lines += [f"                - {cable}" for cable in cables(count)]
+    # Rank 0 is also the head and every other rank a worker: the plays that act on the head (start, stop, health)
+    # and on the headless ranks target these groups, as on a pair.
+    lines += ["        twinspark_head:", "          hosts:", "            node1:"]
+    if count > 1:
+        lines += ["        twinspark_worker:", "          hosts:"]
+        lines += [f"            node{index}:" for index in range(2, count + 1)]
     return "\n".join(lines) + "\n"
 
 

@@ -199,7 +199,8 @@ def run_all_reduce(
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--rank", type=int, required=True, choices=(0, 1), help="0 on the head, 1 on the worker")
+    parser.add_argument("--rank", type=int, required=True, choices=range(8), metavar="RANK",
+                        help="0 on the head, 1 on the worker (a group's ranks 0..N-1, N up to 8)")
     parser.add_argument("--world-size", type=int, default=2, help="number of ranks (default 2: the pair)")
     parser.add_argument("--master", required=True, help="the head's fabric address (rank 0 listens there)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"rendezvous port (default {DEFAULT_PORT})")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from twinspark import api, layout, nodeenv
+from twinspark import api, group, layout, nodeenv
 
 HEAD_GROUP = "twinspark_head"
 WORKER_GROUP = "twinspark_worker"
@@ -61,11 +61,37 @@ class FleetPair:
     name: str
     head: str
     worker: str
+    more: tuple[str, ...] = ()  # a group of three or more (docs/GROUPS.md): ranks 2..N-1, in rank order
 
     @property
     def hosts(self) -> list[str]:
-        """The pair's hosts, head first; a partial one-pair inventory (see own_pair) lists only those it has."""
-        return [host for host in (self.head, self.worker) if host]
+        """The pair's hosts, head first (a group's in rank order); a partial one-pair inventory (see own_pair) lists
+        only those it has."""
+        return [host for host in (self.head, self.worker, *self.more) if host]
+
+
+def group_of(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> group.Group | None:
+    """The inventory's group (docs/GROUPS.md: its nodes in inventory group twinspark_group, rank 0 also in
+    twinspark_head, the other ranks in twinspark_worker); None on a pair or fleet inventory."""
+    members = _members(groups, group.GROUP_GROUP)
+    return group.read(group.GROUP_GROUP, members, host_vars, groups) if members else None
+
+
+def group_placement_problems(found: group.Group, groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """Where a group's ranks sit: rank 0 alone in twinspark_head, every other rank in twinspark_worker, as the plays
+    that act on the head (start, stop, health) and on the headless ranks expect."""
+    if found.problems or not found.ranks:
+        return []
+    heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
+    lines = []
+    if heads != [found.ranks[0]]:
+        lines.append(f"group {HEAD_GROUP}: must hold exactly rank 0 of group {group.GROUP_GROUP}, "
+                     f"{found.ranks[0]}; it holds {', '.join(heads) or 'none'}. Fix the inventory's hosts.yml")
+    if sorted(workers) != sorted(found.ranks[1:]):
+        lines.append(f"group {WORKER_GROUP}: must hold every other rank of group {group.GROUP_GROUP} "
+                     f"({', '.join(found.ranks[1:]) or 'none'}); it holds {', '.join(workers) or 'none'}. Fix the "
+                     "inventory's hosts.yml")
+    return lines
 
 
 def _members(groups: Mapping[str, Sequence[str]], name: str) -> list[str]:
@@ -155,7 +181,15 @@ def own_pair(host: str, host_vars: Mapping[str, Mapping[str, Any]],
     """The pair `host` belongs to. On a fleet inventory: the well-formed pair (pairs()) holding it, None when no such
     pair holds it. On a one-pair inventory: the one pair, named SINGLE_PAIR (nodeenv.pair_hosts); when its groups are
     not exactly one head and one worker (a role run on one host, say), the first host of each group, "" for an empty
-    one, exactly as the roles always read it: playbooks/validate.yml and the roles' asserts name what is wrong."""
+    one, exactly as the roles always read it: playbooks/validate.yml and the roles' asserts name what is wrong. On a
+    group inventory (group_of): the group, named twinspark_group, its rank 0 as head, rank 1 as worker and ranks
+    2..N-1 as `more`; None for a host outside it."""
+    found = group_of(host_vars, groups)
+    if found is not None:
+        ranks = list(found.ranks)
+        if host not in ranks:
+            return None
+        return FleetPair(group.GROUP_GROUP, ranks[0], ranks[1] if len(ranks) > 1 else "", tuple(ranks[2:]))
     if not is_fleet(host_vars, groups):
         if not nodeenv.group_problems(groups):
             return FleetPair(SINGLE_PAIR, *nodeenv.pair_hosts(groups))

@@ -145,19 +145,20 @@ def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_
     key among them: kept in memory, never printed)."""
     source = inventory or default_inventory()
     pair = read_inventory(source) if pair_name is None else read_inventory(source, pair_name)
-    netguard.check([pair.head.host, pair.worker.host, pair.api_url])
+    every = getattr(pair, "nodes", (pair.head, pair.worker))
+    netguard.check([*(node.host for node in every), pair.api_url])
     outcome = remote.sweep(pair, timeout, nodes=nodes, probe_pair=probe_pair)
     results: list[CheckResult] = []
     summaries: dict[str, Mapping[str, object]] = {}
     if nodes:
-        for node in (pair.head, pair.worker):
+        for node in every:
             if node.name in outcome.errors:
                 results.append(checks.check_agent(node.name, outcome.errors[node.name]))
                 continue
             node_report = outcome.reports[node.name]
             results += report.results_from_json(node_report.get("checks") or [])
             summaries.update(node_report.get("nodes") or {})
-        if len(summaries) == 2:  # with a node unreachable there is nothing to compare; its failure says so
+        if len(summaries) == len(every):  # with a node unreachable there is nothing to compare; its failure says so
             results += cross_checks(summaries)
     metrics: dict[str, object] = {}
     if outcome.pair is not None:

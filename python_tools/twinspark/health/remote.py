@@ -48,7 +48,8 @@ class SweepResult:
 
 
 def sweep(pair: PairAccess, timeout: float, nodes: bool = True, probe_pair: bool = True) -> SweepResult:
-    """Both nodes' agents and the pair's API, all at once. Each part's failure is recorded, never raised."""
+    """Both nodes' agents (every rank's, in a group) and the pair's API, all at once. Each part's failure is recorded,
+    never raised."""
     head_env: Future = Future()
     reports: dict[str, dict[str, object]] = {}
     errors: dict[str, str] = {}
@@ -83,10 +84,11 @@ def sweep(pair: PairAccess, timeout: float, nodes: bool = True, probe_pair: bool
         return api.gather(pair.api_url, env.get("SERVED_MODEL_NAME") or None, api.first_key(env), timeout,
                           ca=pair.api_ca)
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    every = getattr(pair, "nodes", (pair.head, pair.worker))
+    with ThreadPoolExecutor(max_workers=len(every) + 1) as pool:
         jobs = [pool.submit(node_job, pair.head)]
         if nodes:
-            jobs.append(pool.submit(node_job, pair.worker))
+            jobs += [pool.submit(node_job, node) for node in every[1:]]
         pair_future = pool.submit(pair_job) if probe_pair else None
         for job in jobs:
             job.result()
