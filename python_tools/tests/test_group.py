@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from twinspark import group, inventory, recipe
+from twinspark import group, inventory, monitoring, recipe
 from twinspark.fabric import links
+from twinspark.fleet import rules as fleet_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "recorded_before_recipes.json").read_text())
@@ -380,3 +381,21 @@ def test_the_guard_reaches_ranks_2_and_up_by_fabric_then_management_address():
     assert filters.twinspark_guard_rank_args([], host_vars) == []
     assert filters.twinspark_peer_addresses(["node3"], host_vars) == {"node3": ["10.77.0.4", "10.78.0.3"]}
     assert filters.twinspark_peer_addresses(["node4"], host_vars, True) == {"node4": ["10.77.0.5"]}
+
+
+def test_monitoring_scrapes_every_rank_of_a_group_and_labels_its_rank():
+    """The group is the inventory's one pair for the fleet rules monitoring reads (fleet.pairs): every rank runs node
+    exporter, rank 0 also the API and Prometheus, and each target says its rank."""
+    host_vars, groups = _with_head_and_workers(*_group_inventory(4))
+    found, problems = fleet_rules.pairs(host_vars, groups)
+    assert problems == [] and [pair.hosts for pair in found] == [["node1", "node2", "node3", "node4"]]
+    assert monitoring.components("node3", host_vars, groups) == ["node_exporter"]
+    assert monitoring.components("node1", host_vars, groups) == ["node_exporter", "prometheus", "alertmanager"]
+    labels = {(target.job, target.labels["node"]): target.labels for target in monitoring.targets(host_vars, groups,
+                                                                                                    "node1")
+              if "node" in target.labels}
+    assert labels[("node", "node4")]["rank"] == "3" and labels[("node", "node4")]["rank_role"] == "worker"
+    assert labels[("vllm", "node1")]["rank"] == "0"
+    # a group whose ranks are misplaced is no pair: validation names why
+    host_vars, groups = _group_inventory(4)
+    assert fleet_rules.pairs(host_vars, groups) == ([], [])

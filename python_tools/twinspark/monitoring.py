@@ -122,9 +122,12 @@ class Target:
 
 def _node_labels(host: str, host_vars: HostVars, groups: Groups) -> dict[str, str]:
     for pair in pairs(host_vars, groups):
-        if host in (pair.head, pair.worker):
-            return {"pair": pair_label(pair, host_vars, groups), "node": str(host),
-                    "rank_role": "head" if host == pair.head else "worker"}
+        if host in pair.hosts:
+            labels = {"pair": pair_label(pair, host_vars, groups), "node": str(host),
+                      "rank_role": "head" if host == pair.head else "worker"}
+            if pair.more:  # a group of three or more: which rank, beyond head or worker
+                labels["rank"] = str(pair.hosts.index(host))
+            return labels
     return {"node": str(host)}
 
 

@@ -123,7 +123,14 @@ def _port(host_vars: Mapping[str, Any], var: str, default: int) -> int | None:
 
 def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Sequence[str]]) -> tuple[list[FleetPair],
                                                                                                    list[str]]:
-    """The well-formed pairs and the problems of the rest (pair membership rules only)."""
+    """The well-formed pairs and the problems of the rest (pair membership rules only). A group inventory is its one
+    group (docs/GROUPS.md), when its ranks are read and placed well (validation says what is wrong otherwise)."""
+    found_group = group_of(host_vars, groups)
+    if found_group is not None:
+        ranks = list(found_group.ranks)
+        if len(ranks) < 2 or found_group.problems or group_placement_problems(found_group, groups):
+            return [], []
+        return [FleetPair(group.GROUP_GROUP, ranks[0], ranks[1], tuple(ranks[2:]))], []
     heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
     if not is_fleet(host_vars, groups):
         if len(heads) == 1 and len(workers) == 1 and heads != workers:
@@ -161,11 +168,11 @@ def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Seque
         pair_heads = [h for h in members if h in heads]
         pair_workers = [h for h in members if h in workers]
         broken = False
-        for role, group, chosen in (("head", HEAD_GROUP, pair_heads), ("worker", WORKER_GROUP, pair_workers)):
+        for role, role_group, chosen in (("head", HEAD_GROUP, pair_heads), ("worker", WORKER_GROUP, pair_workers)):
             if len(chosen) != 1:
                 broken = True
                 problems.append(f"pair {name}: has {len(chosen)} {role}s ({', '.join(chosen) or 'none'}); it needs "
-                                f"exactly one host that is both in group {name} and in {group}")
+                                f"exactly one host that is both in group {name} and in {role_group}")
         both = sorted(set(pair_heads) & set(pair_workers))
         if both:
             broken = True
@@ -348,7 +355,7 @@ def problems(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Se
     # each pair its own fabric: no fabric address shared across pairs (within a pair, nodeenv's rules say it)
     fabric: dict[str, list[tuple[str, str]]] = {}
     for pair in found:
-        for host in (pair.head, pair.worker):
+        for host in pair.hosts:
             address = host_vars.get(host, {}).get(FABRIC_ADDRESS_VAR)
             if address not in (None, ""):
                 fabric.setdefault(str(address), []).append((host, pair.name))
