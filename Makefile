@@ -74,12 +74,16 @@ sim-status:
 # PAIRS=N, N pairs and a router node (inventory written by scripts/sim/fleet-inventory.py; about 4.5 GiB per pair).
 # RECIPE=NAME: serve that simulated recipe (tiny-llama by default, or tiny-qwen3: docs/RECIPES.md) with -e
 # twinspark_recipe=NAME; the chat then also sends a request with tools, which the recipe's tool-call parser reads.
+# NODES=N (3 to 8, given on the command line): a group of N simulated nodes instead of the pair, rank 0 on node1
+# serving the API, through the simulated switch (docs/GROUPS.md; about 2.2 GiB per rank serving tiny-llama).
 FLEET ?=
 PAIRS ?=
 RECIPE ?=
+DEMO_NODES = $(if $(filter command line,$(origin NODES)),$(NODES),)
 
 demo: setup
-	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) TWINSPARK_SIM_RECIPE=$(RECIPE) scripts/sim/demo
+	TWINSPARK_SIM_FLEET=$(FLEET) TWINSPARK_SIM_PAIRS=$(PAIRS) TWINSPARK_SIM_RECIPE=$(RECIPE) \
+	  TWINSPARK_SIM_GROUP=$(DEMO_NODES) TWINSPARK_SIM_TOPOLOGY=$(TOPOLOGY) scripts/sim/demo
 
 # The molecule scenario: create, converge, idempotence (changed=0), verify, destroy. Holds the pair's lock, as
 # every playbook run against the pair does. KEEP=1 skips its destroy steps (molecule's --destroy never): the pair is

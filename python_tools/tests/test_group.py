@@ -399,3 +399,10 @@ def test_monitoring_scrapes_every_rank_of_a_group_and_labels_its_rank():
     # a group whose ranks are misplaced is no pair: validation names why
     host_vars, groups = _group_inventory(4)
     assert fleet_rules.pairs(host_vars, groups) == ([], [])
+
+
+def test_site_yml_refuses_a_ring_group_naming_what_configures_it(tmp_path):
+    host_vars, groups = _sim_group_inventory(tmp_path, 4, "ring")
+    found = _filters().twinspark_pair_problems(host_vars, groups)
+    assert len(found) == 1 and found[0].startswith("group twinspark_group is a ring: site.yml serves a group through "
+                                                   "a switch so far")
