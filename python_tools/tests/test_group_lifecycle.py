@@ -107,7 +107,7 @@ def test_a_rank_start_that_fails_midway_starts_the_rest_again_and_says_which_fai
     assert not ok
     assert group.calls == ["rank 0 stop", "rank 1 stop", "rank 2 stop", "rank 3 stop", "rank 3 start",
                            "rank 1 start", "rank 0 start"]
-    assert "rank 2's start failed" in outcome and "could not start the rank 2 again" in outcome
+    assert "rank 2's start failed" in outcome and "could not start rank 2 again" in outcome
     assert "rank 1 started again" in outcome and "rank 0 started again" in outcome
 
 
@@ -190,7 +190,7 @@ def test_the_guard_names_the_rank_whose_unit_is_down():
     assert verdict is Verdict.BROKEN
     assert "rank 3's" in reason and "a group missing a rank never heals by itself" in reason
     unknown, why = assess(Observation("active", None, worker_name="rank 2"), Policy())
-    assert unknown is Verdict.UNKNOWN and why.startswith("the rank 2 cannot be reached over SSH")
+    assert unknown is Verdict.UNKNOWN and why.startswith("rank 2 cannot be reached over SSH")
 
 
 def test_the_pairs_guard_words_are_unchanged():
@@ -223,3 +223,21 @@ def test_a_given_rank_option_replaces_every_recorded_one():
     recorded = ["--worker", "10.77.0.2", "--rank", "2:10.77.0.3", "--rank", "3:10.77.0.4"]
     assert pair_cli.merged_words(recorded, ["--rank", "2:10.78.0.3"]) == ["--worker", "10.77.0.2", "--rank",
                                                                           "2:10.78.0.3"]
+
+
+def test_the_guard_knocks_on_every_ranks_fabric_address_and_names_the_one_that_does_not_answer(monkeypatch, tmp_path):
+    knocked = []
+
+    def knock(address, port, timeout_s):
+        knocked.append(address)
+        return f"{address}:{port} did not answer" if address == "10.77.0.4" else None
+
+    monkeypatch.setattr(pair_io, "peer_problem", knock)
+    pair = pair_io.LivePair(api=None, worker_addresses=["10.77.0.2", "10.78.0.2"], fabric_peer="10.77.0.2",
+                            class_net=tmp_path, more_ranks=(pair_io.Rank(2, ("10.77.0.3", "10.78.0.3")),
+                                                            pair_io.Rank(3, ("10.77.0.4", "10.78.0.4"))))
+    assert pair.fabric() == "10.77.0.4:29511 did not answer".replace("29511", str(pair.fabric_port))
+    assert knocked == ["10.77.0.2", "10.77.0.3", "10.77.0.4"]
+    knocked.clear()
+    pair_only = pair_io.LivePair(api=None, worker_addresses=["10.77.0.2"], fabric_peer="10.77.0.2", class_net=tmp_path)
+    assert pair_only.fabric() is None and knocked == ["10.77.0.2"]

@@ -236,7 +236,7 @@ class LivePair:
     # -- what a restart cannot cure --
     def fabric(self) -> str | None:
         """Why the fabric is down, in one line (None: up, or nothing to look at): this node's interfaces in sysfs,
-        then whether the peer's fabric address answers a TCP connect."""
+        then whether the peer's fabric address answers a TCP connect (in a group, every other rank's)."""
         links = []
         for name in self.fabric_ifnames:
             try:
@@ -244,9 +244,16 @@ class LivePair:
             except (OSError, ValueError, sysfs.SysfsError) as exc:
                 log(4, f"pair guard: cannot look at fabric interface {name} ({exc}); judging without it")
         local = fabric_problem(links, None)
-        if local or not self.fabric_peer:
+        peers = [address for address in dict.fromkeys([self.fabric_peer, *(peer.addresses[0] for peer in
+                                                                              self.more_ranks if peer.addresses)])
+                 if address]
+        if local or not peers:
             return local
-        return fabric_problem((), peer_problem(self.fabric_peer, self.fabric_port, self.fabric_timeout_s))
+        # A group: every rank's fabric address (the first --rank address of each), so a link down anywhere in the
+        # group holds the restart back, not only rank 0's own.
+        said = [problem for problem in (peer_problem(address, self.fabric_port, self.fabric_timeout_s)
+                                        for address in peers) if problem]
+        return fabric_problem((), "; ".join(said) or None)
 
     def exec_start(self) -> str:
         """The head's rank unit's ExecStart, as `systemctl show` says it ('' when it cannot be asked)."""

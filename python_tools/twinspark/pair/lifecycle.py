@@ -37,7 +37,7 @@ from twinspark import atomic, layout, safeio
 from twinspark import memfit as planner
 from twinspark.fleet import drain
 from twinspark.pair.io import LivePair, guard_key_problem, log, router_of
-from twinspark.pair.rules import Generation, rank_name
+from twinspark.pair.rules import Generation, rank_name, the
 
 KICK_TOKEN = b"twinspark-pair-guard-kick/1\n"
 
@@ -540,7 +540,7 @@ def run_steps(pair: LivePair, steps: Sequence[tuple[str, str]], what: str = "ord
     midway never leaves a rank down that was up before; the message says what was put back."""
     done: list[tuple[str, str]] = []
     for rank, verb in steps:
-        log(5, f"{what}: {'stopping' if verb == 'stop' else 'starting'} the {rank}")
+        log(5, f"{what}: {'stopping' if verb == 'stop' else 'starting'} {the(rank)}")
         problem = _step(pair, rank, verb)
         if problem:
             said = ", ".join(_done_words(done))
@@ -569,9 +569,9 @@ def _step(pair: LivePair, rank: str, verb: str) -> str:
         elif pair.rank(int(rank.removeprefix("rank ")), verb) is None:
             return f"{rank} could not be reached to {verb} it"
     except subprocess.CalledProcessError as exc:
-        return f"systemctl {verb} of the {rank} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}"
+        return f"systemctl {verb} of {the(rank)} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}"
     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
-        return f"the {rank}'s {verb} failed: {exc}"
+        return f"{the(rank)}'s {verb} failed: {exc}"
     return ""
 
 
@@ -579,9 +579,9 @@ def _put_back(pair: LivePair, steps: Sequence[tuple[str, str]], what: str) -> st
     """Start again the ranks a failed run stopped; a line saying what came back and what could not."""
     said = []
     for rank, verb in steps:
-        log(4, f"{what} failed midway: putting back the {rank} (starting it again)")
+        log(4, f"{what} failed midway: putting back {the(rank)} (starting it again)")
         problem = _step(pair, rank, verb)
-        said.append(f"could not start the {rank} again: {problem}" if problem else f"{rank} started again")
+        said.append(f"could not start {the(rank)} again: {problem}" if problem else f"{rank} started again")
     return "put back what this run stopped: " + ", ".join(said)
 
 

@@ -38,6 +38,11 @@ def rank_name(rank: int, size: int = 2) -> str:
     return f"rank {rank}"
 
 
+def the(name: str) -> str:
+    """A rank's name as a line says it: "the head", "the worker", but "rank 2" (a number needs no article)."""
+    return name if name.startswith("rank ") else f"the {name}"
+
+
 # systemd states in which a unit is on its way somewhere: judge it on a later run.
 TRANSITIONAL = frozenset({"activating", "deactivating", "reloading", "refreshing"})
 
@@ -319,11 +324,11 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
         return Verdict.FABRIC_DOWN, f"the fabric is down: {obs.fabric_down}"
     worker = obs.worker_name
     if obs.worker_state is None:
-        return Verdict.UNKNOWN, (f"the {worker} cannot be reached over SSH: its rank can be neither checked nor "
+        return Verdict.UNKNOWN, (f"{the(worker)} cannot be reached over SSH: its rank can be neither checked nor "
                                  "restarted")
     for rank, state in (("head", obs.head_state), (worker, obs.worker_state)):
         if state in TRANSITIONAL:
-            return Verdict.STARTING, f"the {rank}'s {rank_unit()} is {state}"
+            return Verdict.STARTING, f"{the(rank)}'s {rank_unit()} is {state}"
     down = [f"{rank}'s {rank_unit()} is {state}" for rank, state in (("head", obs.head_state),
                                                             (worker, obs.worker_state)) if state != "active"]
     if down:
@@ -333,12 +338,12 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
     if obs.head_alone_s is not None:
         return Verdict.BROKEN, (f"the head's rank was started after the pair last served ({obs.head_alone_s:.0f} s "
-                                f"ago) while the {worker}'s rank kept running, and it does not serve "
+                                f"ago) while {the(worker)}'s rank kept running, and it does not serve "
                                 f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
                                 "alone, e.g. by systemd with its firewall unit); ordered restart")
     late = head_started_late_s(obs, policy)
     if late is not None:
-        return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after the {worker}'s rank and does not serve "
+        return Verdict.BROKEN, (f"the head's rank started {late:.0f} s after {the(worker)}'s rank and does not serve "
                                 f"({obs.probe_detail or obs.probe.value}): they cannot pair (the head was restarted "
                                 "alone, e.g. by systemd with its firewall unit); ordered restart")
     if obs.probe in (Generation.TIMEOUT, Generation.SKIPPED) and progress is not None:
