@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # twinspark CLI hundreds). git ignores __pycache__, and the twinspark wheel leaves it out (scripts/build-twinspark-wheel).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-recipe sim-fleet sim-test-fleet sim-test-fleet-one sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check sim-group
+.PHONY: setup promtool lint unit unit-fast test demo sim-up sim-down sim-status sim-test sim-faults sim-airtight sim-migration sim-upgrade sim-recipe sim-fleet sim-test-fleet sim-test-fleet-one sim-chaos sim-drift sim-alert-check sim-spec-check sim-rotate-check sim-group sim-test-group
 
 # The package is installed editable in compat mode (a plain path entry in site-packages): the default mode's finder is
 # imported by every Python the venv starts (each Ansible module run, each twinspark command), 25 ms of CPU a start.
@@ -130,12 +130,18 @@ sim-fleet: setup
 # A group of NODES simulated nodes (1 to 8; three or more through the simulated switch, or TOPOLOGY=mesh for three
 # cabled to each other, TOPOLOGY=ring for a ring of four to eight; docs/GROUPS.md): built, its fabric configured and
 # checked with full-size don't-fragment pings between every two nodes (on a mesh or ring, across each cable both
-# ways), a second run changing nothing, each node's memory printed. The group's fabric only: serving is still the
-# pair's.
+# ways), a second run changing nothing, each node's memory printed. The group's fabric only (make demo NODES=N
+# serves one).
 NODES ?= 4
 TOPOLOGY ?=
 sim-group: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) TWINSPARK_SIM_TOPOLOGY=$(TOPOLOGY) scripts/sim/group-check
+
+# CI's group smoke (docs/GROUPS.md): a group of NODES (default 4, TP=4) through the simulated switch, from nothing
+# (the harness's nodes are taken down and their disks purged first), converged by site.yml and serving; then rank 2's
+# vLLM killed and rank 0's guard bringing the group back with no operator. The group stays up.
+sim-test-group: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) scripts/sim/group-smoke
 
 # Its smoke, as its own molecule scenario (molecule/fleet): two pairs and the router node created and converged by
 # site.yml, then one chat through the router, the key on every path, attacks 14, 15 and 17 and the admin key's

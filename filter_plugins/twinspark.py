@@ -221,9 +221,9 @@ def _group_inventory_problems(plain, groups, members):
         return lines
     found = group.read(group.GROUP_GROUP, members, plain, groups)
     if found.topology in ("mesh", "ring"):
-        return [f"group {group.GROUP_GROUP} is a {found.topology}: site.yml serves a group through a switch so far (a "
-                "mesh or ring has no one fabric address per node for the rendezvous); playbooks/fabric.yml configures "
-                "and checks its cables (docs/GROUPS.md, \"Not built yet\")"]
+        return [(f"group {group.GROUP_GROUP} is a {found.topology}: site.yml serves a group through a switch so far "
+                 "(a mesh or ring has no one fabric address per node for the rendezvous); playbooks/fabric.yml "
+                 "configures and checks its cables (docs/GROUPS.md, \"Not built yet\")")]
     lines = fleet.group_placement_problems(found, groups)
     lines += [f"{host}: {line}" for host in found.ranks for line in budget.retired_problems(plain.get(host, {}))]
     try:

@@ -186,7 +186,8 @@ def test_the_sweep_asks_every_rank_of_a_group_and_names_each_one_it_cannot_reach
         from twinspark.health import remote
         node = lambda name, role: inventory.Node(name, role, "127.0.0.1", {closing_port}, "root", None, True)
         group = inventory.PairAccess(head=node("node1", "head"), worker=node("node2", "rank 1"),
-                                     api_url="http://127.0.0.1:9", more=(node("node3", "rank 2"), node("node4", "rank 3")))
+                                     api_url="http://127.0.0.1:9",
+                                     more=(node("node3", "rank 2"), node("node4", "rank 3")))
         outcome = remote.sweep(group, timeout=2)
         print(sorted(outcome.errors))
     """)

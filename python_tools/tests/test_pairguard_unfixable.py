@@ -107,10 +107,35 @@ def test_link_back_and_serving_means_no_restart_and_the_clock_is_cleared():
     assert decision.state.fabric_down_since is None and "the fabric is back after 600 s" in decision.reason
 
 
-def test_link_back_but_not_serving_falls_to_the_usual_rules():
-    decision = rules.decide(idle_timeout(T0, fabric_down=None), replace_since(served_state(T0), T0 - 600), POLICY, T0)
-    assert decision.action is Action.RESTART and decision.state.fabric_down_since is None
-    assert "the fabric is back after 600 s" in decision.reason
+def test_link_back_but_not_serving_waits_for_the_connections_then_falls_to_the_usual_rules(tmp_path):
+    """Every rank runs and the link is back: the ranks' TCP connections resume at their next retransmission, which
+    after a long outage can come up to TCP_RTO_MAX later; the guard waits fabric_recovery_s before the usual rules."""
+    first = rules.decide(idle_timeout(T0, fabric_down=None), replace_since(served_state(T0), T0 - 600), POLICY, T0)
+    assert first.action is Action.WAIT and first.state.fabric_down_since is None
+    assert "the fabric is back after 600 s" in first.reason
+    assert f"giving the ranks' connections up to {POLICY.fabric_recovery_s:.0f} s to resume" in first.reason
+    state = through_the_file(first.state, tmp_path)
+    assert state.fabric_back_at == T0
+    still = rules.decide(idle_timeout(T0 + 60, fabric_down=None), state, POLICY, T0 + 60)
+    assert still.action is Action.WAIT and "came back 60 s ago" in still.reason
+    later = T0 + POLICY.fabric_recovery_s
+    assert rules.decide(idle_timeout(later, fabric_down=None), state, POLICY, later).action is Action.RESTART
+
+
+def test_a_rank_that_died_after_the_link_came_back_is_restarted_at_once():
+    from dataclasses import replace
+
+    state = replace(served_state(T0), fabric_back_at=T0 - 10)
+    decision = rules.decide(Observation("active", "failed"), state, POLICY, T0)
+    assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
+
+
+def test_serving_again_after_the_link_came_back_clears_the_recovery_clock():
+    from dataclasses import replace
+
+    obs = Observation("active", "active", Generation.OK, "one token", 4000.0)
+    decision = rules.decide(obs, replace(GuardState(), fabric_back_at=T0 - 10), POLICY, T0)
+    assert decision.action is Action.NONE and decision.state.fabric_back_at is None
 
 
 def test_a_long_outage_ends_in_one_restart_after_the_link_is_back_never_during(tmp_path):

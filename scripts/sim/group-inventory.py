@@ -3,13 +3,14 @@
 
     python3 scripts/sim/group-inventory.py N [--topology switch|mesh|ring] [--write DIR]
 
-Nodes node1..nodeN in inventory group twinspark_group, under twinspark_pair (docs/GROUPS.md), ranks 0..N-1 in
-that order (node1 also in twinspark_head, the others in twinspark_worker), TP = N; the topology one node: single, two: direct, three or more: --topology (TWINSPARK_SIM_TOPOLOGY,
-default switch). Addresses are the harness's: management 10.78.0.<n>, fabric 10.77.0.<n> (a switch group). A mesh or
-ring lists its cables in twinspark_links as the harness lays them (port 0 of node i to port 1 of node i+1, the last
-back to node1) and takes its addresses from them, one /24 per cable inside 10.77.0.0/16 (twinspark_fabric_network),
-which the harness's safety net keeps on this machine. With --write DIR it writes DIR/hosts.yml and links
-DIR/group_vars/all to inventory/sim/group_vars/all (the fabric and serving settings of the simulated pair).
+Nodes node1..nodeN in inventory group twinspark_group, under twinspark_pair (docs/GROUPS.md), ranks 0..N-1 in that
+order (node1 also in twinspark_head, the others in twinspark_worker), TP = N; the topology one node: single, two:
+direct, three or more: --topology (TWINSPARK_SIM_TOPOLOGY, default switch). Addresses are the harness's: management
+10.78.0.<n>, fabric 10.77.0.<n> (a switch group). A mesh or ring lists its cables in twinspark_links as the harness
+lays them (port 0 of node i to port 1 of node i+1, the last back to node1) and takes its addresses from them, one
+/24 per cable inside 10.77.0.0/16 (twinspark_fabric_network), which the harness's safety net keeps on this machine.
+With --write DIR it writes DIR/hosts.yml and links DIR/group_vars/all to inventory/sim/group_vars/all (the fabric
+and serving settings of the simulated pair).
 """
 
 from __future__ import annotations

@@ -162,6 +162,10 @@ class Policy:
     sample_max_age_s: float = 300.0  # an older saved sample is not compared with (the guard was not running)
     metrics_timeout_s: float = 5.0  # how long one read of /metrics may take
     fabric_wait_s: float = 300.0  # the fabric down this long is reported loudly (still no restart: none fixes a link)
+    # Once the fabric is back, this long for the ranks' TCP connections to resume before a pair whose ranks all run
+    # but answer no generation counts as broken: a connection that lost its link retransmits with a backoff that
+    # doubles up to 120 s (Linux's TCP_RTO_MAX), so after an outage of a minute the next retry can come a minute later.
+    fabric_recovery_s: float = 150.0
     # An ordered start starts the head seconds after the worker (Type=exec returns once the launcher runs); a head
     # whose rank became active this much later than the worker's was started alone and cannot join that worker.
     pair_start_skew_s: float = 60.0
@@ -193,6 +197,8 @@ class GuardState:
     progress: Progress | None = None  # the latest /metrics counters, to compare with on the next run
     served_at: float | None = None  # when the pair last answered a probe or moved its counters
     fabric_down_since: float | None = None  # when the guard first saw the fabric down (None: up at the last look)
+    fabric_back_at: float | None = None  # when the guard saw the fabric back after an outage (None: none since the
+    # pair last served)
     restarts: int = 0  # ordered restarts the guard started, ever (its textfile's counter; `pair reset` zeroes it)
 
     def recent_attempts(self, now: float, window_s: float) -> tuple[Attempt, ...]:
@@ -395,11 +401,21 @@ def decide(obs: Observation, state: GuardState, policy: Policy, now: float) -> D
         state, fabric_waited = replace(state, fabric_down_since=since), max(0.0, now - since)
     elif state.fabric_down_since is not None:
         reason = f"{reason} (the fabric is back after {now - state.fabric_down_since:.0f} s down)"
-        state = replace(state, fabric_down_since=None)
+        state = replace(state, fabric_down_since=None, fabric_back_at=now)
     if verdict is Verdict.HEALTHY:
         # Healthy clears every count, including a give-up: the pair was repaired by someone.
         return Decision(verdict, Action.NONE, reason,
-                        replace(state, failures_in_row=0, timeout_strikes=0, gave_up_at=None, gave_up_reason=""))
+                        replace(state, failures_in_row=0, timeout_strikes=0, gave_up_at=None, gave_up_reason="",
+                                fabric_back_at=None))
+    recovering = state.fabric_back_at is not None and now - state.fabric_back_at < policy.fabric_recovery_s
+    if (recovering and verdict in (Verdict.BROKEN, Verdict.SUSPECT) and state.gave_up_at is None
+            and (obs.head_state, obs.worker_state) == ("active", "active") and obs.probe is not Generation.OK):
+        # Every rank runs and the link is back: their connections resume at their next retransmission. A restart
+        # now would cost the whole start-up; a rank that died is judged at once (its unit is not active).
+        assert state.fabric_back_at is not None
+        return Decision(verdict, Action.WAIT,
+                        f"{reason}; the fabric came back {now - state.fabric_back_at:.0f} s ago: giving the ranks' "
+                        f"connections up to {policy.fabric_recovery_s:.0f} s to resume before restarting", state)
     if state.gave_up_at is not None:
         return Decision(verdict, Action.GAVE_UP,
                         f"{reason}; gave up after {state.failures_in_row} failed restart(s): {state.gave_up_reason}; "
@@ -509,6 +525,7 @@ def state_from_json(data: Mapping[str, object]) -> GuardState:
     gave_up_at = data.get("gave_up_at")
     served_at = data.get("served_at")
     fabric_down_since = data.get("fabric_down_since")
+    fabric_back_at = data.get("fabric_back_at")
     return GuardState(attempts=attempts, failures_in_row=int(data.get("failures_in_row") or 0),
                       timeout_strikes=int(data.get("timeout_strikes") or 0),
                       gave_up_at=float(gave_up_at) if gave_up_at is not None else None,
@@ -516,6 +533,7 @@ def state_from_json(data: Mapping[str, object]) -> GuardState:
                       progress=progress_from_json(data.get("progress")),
                       served_at=float(served_at) if served_at is not None else None,
                       fabric_down_since=float(fabric_down_since) if fabric_down_since is not None else None,
+                      fabric_back_at=float(fabric_back_at) if fabric_back_at is not None else None,
                       restarts=int(data.get("restarts") or 0))
 
 
