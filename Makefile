@@ -74,8 +74,9 @@ sim-status:
 # PAIRS=N, N pairs and a router node (inventory written by scripts/sim/fleet-inventory.py; about 4.5 GiB per pair).
 # RECIPE=NAME: serve that simulated recipe (tiny-llama by default, or tiny-qwen3: docs/RECIPES.md) with -e
 # twinspark_recipe=NAME; the chat then also sends a request with tools, which the recipe's tool-call parser reads.
-# NODES=N (3 to 8, given on the command line): a group of N simulated nodes instead of the pair, rank 0 on node1
-# serving the API, through the simulated switch (docs/GROUPS.md; about 2.2 GiB per rank serving tiny-llama).
+# NODES=N (given on the command line): a group of N simulated nodes instead of the pair, rank 0 on node1 serving the
+# API, through the simulated switch (docs/GROUPS.md; about 2.1-2.6 GiB per rank). tiny-llama's four heads allow
+# NODES=4 (TP=4); validation refuses the other counts, naming the rule.
 FLEET ?=
 PAIRS ?=
 RECIPE ?=
