@@ -100,13 +100,8 @@ def twinspark_guard_rank_args(more, all_hostvars):
     """The `twinspark pair` words for ranks 2..N-1 of a group (`more`: their hosts in rank order, as
     twinspark_own_pair gives them): --rank=R:ADDRESS for each rank's fabric address, then its management address, the
     order the guard tries them in (as --worker for rank 1). [] for a pair."""
-    words = []
-    for rank, host in enumerate(more, start=2):
-        own = all_hostvars[host]
-        for address in dict.fromkeys([own.get("twinspark_fabric_address"), own.get("ansible_host") or host]):
-            if address:
-                words.append(f"--rank={rank}:{address}")
-    return words
+    addresses = twinspark_peer_addresses(more, all_hostvars)
+    return [f"--rank={rank}:{address}" for rank, host in enumerate(more, start=2) for address in addresses[host]]
 
 
 def twinspark_peer_addresses(hosts, all_hostvars, fabric_only=False):

@@ -236,7 +236,7 @@ def test_the_guard_knocks_on_every_ranks_fabric_address_and_names_the_one_that_d
     pair = pair_io.LivePair(api=None, worker_addresses=["10.77.0.2", "10.78.0.2"], fabric_peer="10.77.0.2",
                             class_net=tmp_path, more_ranks=(pair_io.Rank(2, ("10.77.0.3", "10.78.0.3")),
                                                             pair_io.Rank(3, ("10.77.0.4", "10.78.0.4"))))
-    assert pair.fabric() == "10.77.0.4:29511 did not answer".replace("29511", str(pair.fabric_port))
+    assert pair.fabric() == f"10.77.0.4:{pair.fabric_port} did not answer"
     assert knocked == ["10.77.0.2", "10.77.0.3", "10.77.0.4"]
     knocked.clear()
     pair_only = pair_io.LivePair(api=None, worker_addresses=["10.77.0.2"], fabric_peer="10.77.0.2", class_net=tmp_path)
