@@ -284,7 +284,7 @@ def _route_refusal(inventory: str) -> str | None:
     An inventory this cannot read is left to the playbook's own validation, which names the problem."""
     try:
         pair = pair_inventory.read_inventory(inventory)
-        netguard.check([pair.head.host, pair.worker.host, pair.api_url])
+        netguard.check([*(node.host for node in pair.nodes), pair.api_url])
     except pair_inventory.InventoryError:
         return None
     except netguard.UnsafeRoute as error:

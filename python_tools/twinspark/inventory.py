@@ -45,7 +45,8 @@ class Node:
 @dataclass(frozen=True)
 class PairAccess:
     head: Node
-    worker: Node
+    worker: Node | None
+    """Rank 1; None for a group of one (a single Spark, docs/GROUPS.md)."""
     api_url: str
     api_ca: str | None = None
     """The controller-side file the API's certificate is verified against (twinspark.api.tls_ca_from_inventory);
@@ -55,8 +56,9 @@ class PairAccess:
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        """Every node, in rank order: the head, the worker, then a group's other ranks."""
-        return (self.head, self.worker, *self.more)
+        """Every node, in rank order: the head, the worker, then a group's other ranks (the head alone for a group
+        of one)."""
+        return (self.head, *((self.worker,) if self.worker is not None else ()), *self.more)
 
 
 def _accepts_unknown_host_keys(hostvars: Mapping[str, object]) -> bool:
@@ -153,8 +155,11 @@ def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:
         groups = fleet.pair_groups(chosen[0])
 
     found = fleet.group_of(_host_vars(inventory, variables, groups), groups) if pair is None else None
+    worker_name: str | None
     if found is not None and len(found.ranks) > 2 and not found.problems:
         head_name, worker_name, more_names = found.ranks[0], found.ranks[1], found.ranks[2:]
+    elif found is not None and len(found.ranks) == 1 and not found.problems:
+        head_name, worker_name, more_names = found.ranks[0], None, ()  # a single Spark: rank 0 alone
     else:
         more_names = ()
         try:
@@ -189,7 +194,7 @@ def read_inventory(source: str | Path, pair: str | None = None) -> PairAccess:
         return found, {"value": value, "api_ca": api.tls_ca_from_inventory(tls)}
 
     head, head_vars = node(head_name, "head")
-    worker, _ = node(worker_name, "worker" if not more_names else "rank 1")
+    worker = None if worker_name is None else node(worker_name, "worker" if not more_names else "rank 1")[0]
     more = tuple(node(name, f"rank {rank}")[0] for rank, name in enumerate(more_names, start=2))
     port = api_port(head_vars["value"], source)
     ca = head_vars["api_ca"]

@@ -117,6 +117,11 @@ TELEMETRY_OFF = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 
 # The knobs that pass vLLM's rendezvous flags; a group of one starts without them (docs/GROUPS.md).
 MULTI_NODE_KNOBS = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The knobs that name the fabric between ranks (its interfaces, RDMA devices and GID); a group of one has no fabric,
+# and vLLM there must not bind to an interface the node may not have.
+CABLE_KNOBS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_AUTO",
+               "NCCL_IB_GID_INDEX", "GID_MATCH_IP", "NCCL_IB_MERGE_NICS", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
+               "NCCL_DMABUF_ENABLE")
 # The flags of the profiles' common args that carry the group's size and layout (settings.yml `common`).
 LAYOUT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--nnodes")
 
@@ -186,6 +191,8 @@ def build_command(
     env: dict[str, str] = dict(others or {})
     for knob in registry.knobs:
         value = values.get(knob.env)
+        if size == 1 and knob.env in CABLE_KNOBS:
+            continue  # a group of one has no fabric: its interfaces are not named (and so left unset below)
         if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
     env.update(recipe.fixed_env(profile, flavour, chosen, registry))
@@ -226,6 +233,8 @@ def resolve_gid(
     """
     if values.get("TWINSPARK_PROFILE") != "gb10" or values.get("NCCL_IB_GID_AUTO") != "1":
         return []
+    if validate.group_layout(values)[0] == 1:
+        return []  # a group of one: no fabric, no GID to resolve
     if interface_addresses is None:
         interface_addresses = sysfs.netdev_ipv4
     if resolver is None:

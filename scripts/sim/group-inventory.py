@@ -6,7 +6,8 @@
 Nodes node1..nodeN in inventory group twinspark_group, under twinspark_pair (docs/GROUPS.md), ranks 0..N-1 in that
 order (node1 also in twinspark_head, the others in twinspark_worker), TP = N; the topology one node: single, two:
 direct, three or more: --topology (TWINSPARK_SIM_TOPOLOGY, default switch). Addresses are the harness's: management
-10.78.0.<n>, fabric 10.77.0.<n> (a switch group). A mesh or ring lists its cables in twinspark_links as the harness
+10.78.0.<n>, fabric 10.77.0.<n> (a switch group; a single node has no fabric and gives its management address as
+its twinspark_fabric_address). A mesh or ring lists its cables in twinspark_links as the harness
 lays them (port 0 of node i to port 1 of node i+1, the last back to node1) and takes its addresses from them, one
 /24 per cable inside 10.77.0.0/16 (twinspark_fabric_network), which the harness's safety net keeps on this machine.
 With --write DIR it writes DIR/hosts.yml and links DIR/group_vars/all to inventory/sim/group_vars/all (the fabric
@@ -60,7 +61,9 @@ def hosts_yml(count: int, chosen: str = "") -> str:
     for index in range(1, count + 1):
         lines += [f"            node{index}:",
                   f"              ansible_host: {MGMT}.{index}"]
-        if shape not in ("mesh", "ring"):
+        if shape == "single":  # no fabric: the node's own management address (docs/GROUPS.md, "A single Spark")
+            lines += [f"              twinspark_fabric_address: {MGMT}.{index}"]
+        elif shape not in ("mesh", "ring"):
             lines += [f"              twinspark_fabric_address: {FABRIC}.{index}"]
         lines += [f"              twinspark_rank: {index - 1}"]
         if index == 1:

@@ -47,7 +47,7 @@ FABRIC_SPEED_MBPS = 200_000
 SETTINGS_READ = (
     "TWINSPARK_PROFILE", "TWINSPARK_RUNTIME_FLAVOUR", "NODE_RANK", "MASTER_ADDR", "WORKER_HOST", "VLLM_HOST_IP",
     "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_AUTO", "NCCL_IB_GID_INDEX",
-    "GID_MATCH_IP", "VLLM_NCCL_SO_PATH", "GPU_MEMORY_UTILIZATION", ACK_ENV,
+    "GID_MATCH_IP", "VLLM_NCCL_SO_PATH", "GPU_MEMORY_UTILIZATION", "NNODES", ACK_ENV,
 )
 FABRIC_MTU_KEY = "fabric_mtu"
 """Not a knob: the MTU the fabric play sets (spark_fabric_mtu), which the preflight passes along."""
@@ -433,6 +433,8 @@ NODE_RULES: tuple[Callable[[Mapping, Mapping[str, str]], list[Found]], ...] = (
     kernel_cma_enomem, pcie_links, rdma_devices, fabric_links, shared_subnet, gid_index, nccl_library, clock_state,
     memory_state, hygiene,
 )
+# The rules about the cables between ranks; a group of one has none (its NNODES is 1).
+FABRIC_RULES = frozenset({rdma_devices, fabric_links, shared_subnet, gid_index})
 
 # Facts whose absence is "not yet known" rather than a finding, per profile.
 LATER_FACTS = {"gb10": ("driver_version", "gpu_name", "nccl", "rdma", "clock", "serving"),
@@ -537,10 +539,13 @@ def judge_node(host: str, facts: Mapping, env: Mapping[str, str]) -> Report:
     """Every rule of the node's profile over one node's facts and settings (settings_of)."""
     profile = env.get("TWINSPARK_PROFILE", "gb10")
     acked = acknowledged_ids(env.get(ACK_ENV, ""))
-    findings = [_finding(found, host, acked) for rule in NODE_RULES for found in rule(facts, env)
+    alone = env.get("NNODES") == "1"  # a group of one: no fabric to judge (docs/GROUPS.md, "A single Spark")
+    rules = [rule for rule in NODE_RULES if not (alone and rule in FABRIC_RULES)]
+    findings = [_finding(found, host, acked) for rule in rules for found in rule(facts, env)
                 if profile in CATALOGUE[found.id].profiles]
     later = [Later(host, name, str(facts[name]["unavailable"])) for name in LATER_FACTS.get(profile, ())
-             if isinstance(facts.get(name), Mapping) and "unavailable" in facts[name]]
+             if isinstance(facts.get(name), Mapping) and "unavailable" in facts[name]
+             and not (alone and name == "rdma")]
     return Report(findings, later)
 
 

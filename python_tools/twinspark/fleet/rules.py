@@ -128,9 +128,10 @@ def pairs(host_vars: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Seque
     found_group = group_of(host_vars, groups)
     if found_group is not None:
         ranks = list(found_group.ranks)
-        if len(ranks) < 2 or found_group.problems or group_placement_problems(found_group, groups):
+        if not ranks or found_group.problems or group_placement_problems(found_group, groups):
             return [], []
-        return [FleetPair(group.GROUP_GROUP, ranks[0], ranks[1], tuple(ranks[2:]))], []
+        # a single Spark (a group of one) has no worker: "" (FleetPair.hosts leaves it out)
+        return [FleetPair(group.GROUP_GROUP, ranks[0], ranks[1] if len(ranks) > 1 else "", tuple(ranks[2:]))], []
     heads, workers = _members(groups, HEAD_GROUP), _members(groups, WORKER_GROUP)
     if not is_fleet(host_vars, groups):
         if len(heads) == 1 and len(workers) == 1 and heads != workers:

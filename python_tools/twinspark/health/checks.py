@@ -214,8 +214,11 @@ def check_fabric(node: str, fabric: Mapping[str, object]) -> CheckResult:
 
     `fabric` holds `interfaces` (list of {ifname, exists, up, operstate, mtu, addresses, speed_mbps}),
     `expected_address` (the node's VLLM_HOST_IP, or empty), `expected_speed_mbps` (gb10's 200 GbE, or None: not
-    checked), `error` (the interface list could not be read) and, on gb10, `gid` as {index} or {error}.
+    checked), `error` (the interface list could not be read) and, on gb10, `gid` as {index} or {error}. A group of
+    one (a single Spark) sends `alone` instead: it has no fabric.
     """
+    if fabric.get("alone"):
+        return ok(node, "fabric", "none: a single Spark (a group of one) serves without a fabric")
     if fabric.get("unknown"):
         return unknown(node, "fabric", f"could not look at the fabric interfaces: {fabric['unknown']}",
                        "run `twinspark health` as root on the node, or `ip addr`, to see the interfaces")

@@ -145,7 +145,7 @@ def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_
     key among them: kept in memory, never printed)."""
     source = inventory or default_inventory()
     pair = read_inventory(source) if pair_name is None else read_inventory(source, pair_name)
-    every = getattr(pair, "nodes", (pair.head, pair.worker))
+    every = pair.nodes
     netguard.check([*(node.host for node in every), pair.api_url])
     outcome = remote.sweep(pair, timeout, nodes=nodes, probe_pair=probe_pair)
     results: list[CheckResult] = []
@@ -158,7 +158,8 @@ def sweep_pair(inventory: str | None, timeout: float, nodes: bool = True, probe_
             node_report = outcome.reports[node.name]
             results += report.results_from_json(node_report.get("checks") or [])
             summaries.update(node_report.get("nodes") or {})
-        if len(summaries) == len(every):  # with a node unreachable there is nothing to compare; its failure says so
+        # with a node unreachable there is nothing to compare (its failure says so); a single Spark has no other node
+        if len(summaries) == len(every) > 1:
             results += cross_checks(summaries)
     metrics: dict[str, object] = {}
     if outcome.pair is not None:

@@ -419,19 +419,21 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         main_pid = int(unit.get("MainPID") or 0)
     except ValueError:
         main_pid = 0
+    alone = env.get("NNODES") == "1"
     facts: dict[str, object] = {
         "profile": profile,
         "rank": env.get("NODE_RANK", ""),
         "unit": unit,
         "processes": read_processes(main_pid),
         "gpu": None,
-        "fabric": read_fabric(env, profile == "gb10", run),
+        # a group of one (NNODES=1, a single Spark) has no fabric: nothing to read, nothing measured on it
+        "fabric": {"alone": True} if alone else read_fabric(env, profile == "gb10", run),
         "env": env_facts,
         "model": read_model(env),
         "disk": read_disk(state_dir),
         "earlyoom": read_unit("earlyoom.service", run),
         "firewall": read_firewall(run),
-        "bandwidth": read_bandwidth(env),
+        "bandwidth": None if alone else read_bandwidth(env),
         "monitoring": read_monitoring(run),
         "runtime": {**read_runtime(), "flavour": flavour_of(env), "unread_knobs": read_unread_knobs(env)},
     }

@@ -84,7 +84,7 @@ def sweep(pair: PairAccess, timeout: float, nodes: bool = True, probe_pair: bool
         return api.gather(pair.api_url, env.get("SERVED_MODEL_NAME") or None, api.first_key(env), timeout,
                           ca=pair.api_ca)
 
-    every = getattr(pair, "nodes", (pair.head, pair.worker))
+    every = pair.nodes
     with ThreadPoolExecutor(max_workers=len(every) + 1) as pool:
         jobs = [pool.submit(node_job, pair.head)]
         if nodes:

@@ -70,11 +70,16 @@ def _pair_from_args(args: argparse.Namespace) -> LivePair:
     where = layout.current()
     ref = drain.router_from_env(env, drain.read_key(Path(where.router_drain_key)),
                                 drain.read_admin(Path(where.router_drain_admin)))
-    return LivePair(api=api, worker_addresses=args.worker, ssh_user=args.ssh_user, ssh_key=args.ssh_key,
-                known_hosts=args.known_hosts, router=None if ref is None else drain.Router(ref),
-                fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env,
-                served_file=str(Path(args.state_file).with_name(SERVED_FILE_NAME)),
-                more_ranks=group_ranks(getattr(args, "rank", None)))
+    alone = bool(getattr(args, "alone", False))
+    if alone and (args.worker or getattr(args, "rank", None)):
+        raise ValueError("--alone (a group of one) takes no --worker and no --rank; give either --alone or the "
+                         "other ranks' addresses")
+    return LivePair(api=api, worker_addresses=[] if alone else args.worker, alone=alone, ssh_user=args.ssh_user,
+                    ssh_key=args.ssh_key, known_hosts=args.known_hosts,
+                    router=None if ref is None else drain.Router(ref),
+                    fabric_ifnames=fabric_ifnames(env), fabric_peer=fabric_peer(env), env=env,
+                    served_file=str(Path(args.state_file).with_name(SERVED_FILE_NAME)),
+                    more_ranks=group_ranks(getattr(args, "rank", None)))
 
 
 def _pair_or_none(args: argparse.Namespace, what: str) -> LivePair | None:
@@ -307,6 +312,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the worker's address for SSH; repeat to try more (fabric first, then management). "
                               "Without it, every option comes first from what site.yml recorded on the head "
                               f"({layout.current().pair_args}), and the options given here win")
+        sub.add_argument("--alone", action="store_true",
+                         help="a group of one (a single Spark): rank 0 and no other rank, so no --worker")
         sub.add_argument("--rank", action="append", default=None, metavar="RANK:ADDRESS",
                          help="a group of three or more: rank RANK's address for SSH (RANK from 2; rank 1 is "
                               "--worker); repeat for every rank, and for more addresses of one rank (fabric first)")
@@ -466,7 +473,7 @@ def _with_recorded(args: argparse.Namespace) -> argparse.Namespace | None:
 
 def _with_defaults(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        if args.worker is None:
+        if args.worker is None and not args.alone:
             found = _with_recorded(args)
             if found is None:
                 return 2

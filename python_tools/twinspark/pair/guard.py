@@ -113,7 +113,8 @@ def restart_blocker(pair: LivePair) -> str | None:
     head's rank unit must find the executable it runs, no other local account may hold the API port, and the state
     directory's filesystem must have room for the caches a start writes. A stand-in pair without a key or unit says
     nothing."""
-    problem = guard_key_problem(getattr(pair, "ssh_key", None))
+    # a single Spark (a group of one) reaches no other rank, so it has no key to check
+    problem = None if getattr(pair, "alone", False) else guard_key_problem(getattr(pair, "ssh_key", None))
     if problem:
         return problem
     show = getattr(pair, "exec_start", None)
@@ -216,8 +217,10 @@ def run(args: argparse.Namespace, pair: LivePair, policy: Policy, inbox: lifecyc
         head, worker, waited = settle(lambda: (pair.head_props().get("ActiveState") or "unknown", pair.worker("state")),
                                       args.settle)
         if waited >= 0.5:
-            log(6, f"waited {waited:.1f} s for a stopping rank to finish stopping (head {head}, "
-                   f"worker {worker or 'unreachable'})")
+            size = getattr(pair, "size", 2)
+            others = ("" if size == 1 else f", worker {worker or 'unreachable'}" if size == 2
+                      else f", the other ranks {worker or 'unreachable'}")
+            log(6, f"waited {waited:.1f} s for a stopping rank to finish stopping (head {head}{others})")
     firewall_missing(log)
     obs = pair.observe(args.probe_timeout, policy, state)
     if obs.probe is Generation.OK and hasattr(pair, "remember_served"):
@@ -249,7 +252,10 @@ def run(args: argparse.Namespace, pair: LivePair, policy: Policy, inbox: lifecyc
         drain.keep_out(router_of(pair), log)
         code = 1
     else:
-        log(4, f"pair broken ({trigger}), restarting both ranks in order: {decision.reason}")
+        size = getattr(pair, "size", 2)
+        ranks = {1: "restarting its one rank", 2: "restarting both ranks in order"}.get(
+            size, f"restarting all {size} ranks in order")
+        log(4, f"pair broken ({trigger}), {ranks}: {decision.reason}")
         save_state(state_path, state)  # a crash mid-restart still counts the attempt's start
         report(args, state, policy, kind, serving, fabric_up)  # Prometheus sees the pair down while this restart runs
         state, serving = run_restart(pair, args, state, policy, decision.reason)

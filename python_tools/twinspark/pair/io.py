@@ -23,6 +23,7 @@ from twinspark.fabric import sysfs
 from twinspark.fleet import drain
 from twinspark.pair.rules import (
     FABRIC_PROBE_PORT,
+    NO_OTHER_RANK,
     Api,
     Generation,
     GuardState,
@@ -52,6 +53,10 @@ DEFAULT_KNOWN_HOSTS = "/etc/twinspark/pair-guard/known_hosts"
 # What the worker's forced SSH command accepts (roles/pair_guard/templates/twinspark-peer-control.j2). `state-since`
 # is `state` with the rank's age; an older worker refuses it, and the guard then asks `state`.
 PEER_VERBS = ("state", "state-since", "stop", "start")
+
+# A group of one (LivePair.alone) has no other rank: what its `worker`/`peer_status` say for the ranks it lacks
+# (rules.NO_OTHER_RANK is the name they go by).
+ALONE_STATE = "active"
 
 # Beside the guard's state file: the head's rank the pair last served with (rules.Served). Kept apart from the
 # state file because `twinspark pair start|restart` writes it too, and only the guard writes its state.
@@ -93,14 +98,17 @@ class LivePair:
     env: Mapping[str, str] = field(default_factory=dict)  # the head's env files: the planner judges a start with them
     served_file: str | None = None  # where the head's rank the pair last served with is kept (SERVED_FILE_NAME)
     more_ranks: Sequence[Rank] = ()  # a group of three or more: ranks 2..N-1 (the worker is rank 1)
+    alone: bool = False  # a group of one (a single Spark, `--alone`): rank 0 and no other rank
 
     @property
     def size(self) -> int:
-        """How many ranks the group has: 2 for a pair."""
-        return 2 + len(self.more_ranks)
+        """How many ranks the group has: 2 for a pair, 1 for a single Spark."""
+        return 1 if self.alone else 2 + len(self.more_ranks)
 
     def peers(self) -> list[Rank]:
-        """Every rank but the head, in rank order: the worker (rank 1), then the group's other ranks."""
+        """Every rank but the head, in rank order: the worker (rank 1), then the group's other ranks; none alone."""
+        if self.alone:
+            return []
         return [Rank(1, tuple(self.worker_addresses)), *sorted(self.more_ranks, key=lambda peer: peer.rank)]
 
     # -- head (local) --
@@ -153,7 +161,15 @@ class LivePair:
 
         In a group of three or more it speaks for every rank but the head: `state` and `state-since` answer for the
         first rank that is not active (None when one cannot be reached), else for the youngest rank (`peer_status`);
-        a start or stop goes to one rank at a time (`rank`), never to all at once."""
+        a start or stop goes to one rank at a time (`rank`), never to all at once.
+
+        A group of one has no other rank: `state` answers "active" for the ranks it does not have (none of them is
+        down), so every rule that waits on "the other ranks" judges rank 0 alone; a start or stop has no one to go to.
+        """
+        if self.alone:
+            if verb not in ("state", "state-since"):
+                raise ValueError(f"a group of one has no other rank to {verb}")
+            return ALONE_STATE
         if not self.more_ranks:
             return self.rank(1, verb)
         if verb not in ("state", "state-since"):
@@ -207,7 +223,10 @@ class LivePair:
 
     def peer_status(self) -> tuple[str, str | None, float | None]:
         """(whose, ActiveState, seconds active) of the worker, or in a larger group of the first rank that is not
-        active, else of the youngest; the state None when that rank cannot be reached, the age None when unknown."""
+        active, else of the youngest; the state None when that rank cannot be reached, the age None when unknown.
+        A group of one: no other rank, none of them down."""
+        if self.alone:
+            return NO_OTHER_RANK, ALONE_STATE, None
         if not self.more_ranks:
             return (rank_name(1),) + self.worker_status()
         try:
@@ -222,7 +241,7 @@ class LivePair:
     def worker_status(self) -> tuple[str | None, float | None]:
         """The worker's ActiveState and how long its rank has been active (None: unreachable, or an older forced
         command that only says the state); in a larger group, as `peer_status` judges its ranks."""
-        if self.more_ranks:
+        if self.more_ranks or self.alone:
             return self.peer_status()[1:]
         try:
             text = self.worker("state-since")

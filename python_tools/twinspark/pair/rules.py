@@ -30,6 +30,10 @@ def rank_unit() -> str:
     return layout.current().unit_vllm
 
 
+# What a group of one (a single Spark) calls the other ranks it does not have (pair.io.LivePair.alone).
+NO_OTHER_RANK = "no other rank"
+
+
 def rank_name(rank: int, size: int = 2) -> str:
     """What the lifecycle, the guard and their lines call rank `rank` of a group of `size`: a pair keeps its head and
     worker (the words its tools and logs have always used); a larger group says rank 0..N-1."""
@@ -338,7 +342,8 @@ def assess(obs: Observation, policy: Policy, progress: Progress | None = None,
     down = [f"{rank}'s {rank_unit()} is {state}" for rank, state in (("head", obs.head_state),
                                                             (worker, obs.worker_state)) if state != "active"]
     if down:
-        whole = "a half pair" if worker == "worker" else "a group missing a rank"
+        whole = ("a half pair" if worker == "worker" else "a single Spark's rank" if worker == NO_OTHER_RANK
+                 else "a group missing a rank")
         return Verdict.BROKEN, " and ".join(down) + f": {whole} never heals by itself"
     if obs.probe is Generation.OK:
         return Verdict.HEALTHY, obs.probe_detail or "one-token generation answered"
@@ -574,13 +579,18 @@ FABRIC_PROBE_PORT = 22
 
 
 def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
-    """This node's fabric interfaces: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME)."""
+    """This node's fabric interfaces: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); none
+    on a group of one (NNODES=1), which has no fabric."""
+    if env.get("NNODES") == "1":
+        return []
     return links.fabric_ifnames(env)
 
 
 def fabric_peer(env: Mapping[str, str]) -> str | None:
     """The other node's fabric address: the worker's (WORKER_HOST) on the head, the head's (MASTER_ADDR) on the
-    worker; None when the env file does not say."""
+    worker; None when the env file does not say, or on a group of one (NNODES=1: no other node)."""
+    if env.get("NNODES") == "1":
+        return None
     key = "WORKER_HOST" if env.get("NODE_RANK", "0") == "0" else "MASTER_ADDR"
     return env.get(key) or None
 
