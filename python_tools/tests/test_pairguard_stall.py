@@ -7,6 +7,7 @@ lasting the short probe timeout) with plain numbers; the real pair is frozen by 
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -189,6 +190,18 @@ def test_idle_pair_whose_probe_times_out_and_metrics_do_not_answer_is_broken_at_
     decision = run(state, T0 + 15, Generation.TIMEOUT, samples)
     assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
     assert "/metrics does not answer" in decision.reason
+
+
+def test_an_api_frozen_right_after_tokens_flowed_is_broken_not_busy():
+    # Seen on a single Spark: its API process stopped (SIGSTOP) just after a client's tokens moved the counters.
+    # The remembered progress still said "moved", and every run after read it as tokens flowing, for minutes.
+    state = replace(served(T0 - 5), progress=Progress(T0 - 5, 1458, 0.1, 0, True, None))
+    samples = (Sample(T0 + 15, **UNREACHABLE), Sample(T0 + 30, **UNREACHABLE))
+    decision = run(state, T0 + 30, Generation.TIMEOUT, samples)
+    assert (decision.verdict, decision.action) == (Verdict.BROKEN, Action.RESTART)
+    assert "the API process hangs" in decision.reason
+    assert decision.state.progress is not None and decision.state.progress.moved is None
+    assert decision.state.served_at == T0 - 5  # not served now: nothing moved that this run saw
 
 
 def test_idle_pair_whose_probe_times_out_with_flat_counters_is_broken_at_once():

@@ -223,8 +223,12 @@ def track(previous: Progress | None, samples: Sequence[Sample], policy: Policy) 
     A sample without counters changes nothing. A saved sample older than `sample_max_age_s`, or counters that went
     down (vLLM restarted), start afresh. A stretch of unchanged counters counts as flat only from the first sample
     that saw requests running in it, so a request that arrived between two samples is never timed from before it.
+    A run that took samples and counted none (/metrics did not answer) saw nothing move: the remembered progress
+    comes back with `moved` unknown, so counters that moved before the API froze never read as tokens flowing now.
     """
     progress = previous
+    if samples and progress is not None and not any(sample.counted for sample in samples):
+        return replace(progress, moved=None)
     for sample in samples:
         if not sample.counted:
             continue
