@@ -305,6 +305,18 @@ def twinspark_knob_default(env, profile=None, recipe_name=None):
     return "" if value is None else value
 
 
+def twinspark_rank_label(host, pair_hosts):
+    """How a playbook's line names `host` among its pair's or group's hosts (rank order, twinspark_layout_pair_hosts):
+    a pair's "the worker HOST (rank 1)" as its lines always have, a group's "HOST (rank R)"."""
+    hosts = [str(name) for name in pair_hosts]
+    if str(host) not in hosts:
+        raise AnsibleFilterError(f"twinspark_rank_label: {host} is not one of {', '.join(hosts) or 'no hosts'}")
+    rank = hosts.index(str(host))
+    if len(hosts) == 2:
+        return f"the {('head', 'worker')[rank]} {host} (rank {rank})"
+    return f"{host} (rank {rank})"
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -320,4 +332,5 @@ class FilterModule:
             "twinspark_env_file": twinspark_env_file,
             "twinspark_tls_files": twinspark_tls_files,
             "twinspark_fleet_summary": twinspark_fleet_summary,
+            "twinspark_rank_label": twinspark_rank_label,
         }
