@@ -7,8 +7,8 @@ lasting the short probe timeout) with plain numbers; the real pair is frozen by 
 from __future__ import annotations
 
 import socket
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -64,16 +64,16 @@ def group_ranks(words: Sequence[str] | None) -> tuple[Rank, ...]:
 
 
 def _pair_from_args(args: argparse.Namespace) -> LivePair:
+    alone = bool(getattr(args, "alone", False))
+    if alone and (args.worker or getattr(args, "rank", None)):
+        raise ValueError("--alone (a group of one) takes no --worker and no --rank; give either --alone or the "
+                         "other ranks' addresses")
     env = _read_env(args.env)
     api = head_api.api_from_env(env)
     # the router's admin key (its front refuses the clients' key on the admin paths), never the pair's API key
     where = layout.current()
     ref = drain.router_from_env(env, drain.read_key(Path(where.router_drain_key)),
                                 drain.read_admin(Path(where.router_drain_admin)))
-    alone = bool(getattr(args, "alone", False))
-    if alone and (args.worker or getattr(args, "rank", None)):
-        raise ValueError("--alone (a group of one) takes no --worker and no --rank; give either --alone or the "
-                         "other ranks' addresses")
     return LivePair(api=api, worker_addresses=[] if alone else args.worker, alone=alone, ssh_user=args.ssh_user,
                     ssh_key=args.ssh_key, known_hosts=args.known_hosts,
                     router=None if ref is None else drain.Router(ref),
