@@ -210,7 +210,13 @@ def twinspark_pair_problems(all_hostvars, groups):
 def _group_inventory_problems(plain, groups, members):
     """site.yml on an inventory whose nodes sit in group twinspark_group (docs/GROUPS.md): every problem of the group
     as serving judges it (ranks, layout against the recipe, topology, addresses), where its ranks sit (rank 0 in
-    twinspark_head, the others in twinspark_worker), then each rank's env files and retired settings."""
+    twinspark_head, the others in twinspark_worker), then each rank's env files and retired settings. A router in
+    the same inventory is refused: a fleet of groups is not built."""
+    routers = [str(host) for host in groups.get(fleet.ROUTER_GROUP) or []]
+    if routers:
+        return [f"group {fleet.ROUTER_GROUP} ({', '.join(routers)}): a router in front of a group (a fleet of groups) "
+                f"is not built yet; remove it from this group's inventory, or route to pairs (docs/FLEET.md; "
+                "docs/GROUPS.md, \"Not built yet\")"]
     lines = twinspark_group_problems(plain, groups)
     if lines:
         return lines

@@ -220,3 +220,12 @@ def test_a_playbook_names_a_rank_by_its_place():
     assert filters.twinspark_rank_label("node3", ["node1", "node2", "node3"]) == "node3 (rank 2)"
     with pytest.raises(Exception, match="node9 is not one of node1, node2"):
         filters.twinspark_rank_label("node9", ["node1", "node2"])
+
+
+def test_a_single_spark_is_valid_and_a_router_in_front_of_a_group_is_refused():
+    filters = _filters()
+    host_vars, groups = single_inventory()
+    assert filters.twinspark_pair_problems(host_vars, groups) == []
+    routed = {**groups, "twinspark_router": ["router1"], "all": ["node1", "router1"]}
+    lines = filters.twinspark_pair_problems({**host_vars, "router1": {}}, routed)
+    assert len(lines) == 1 and lines[0].startswith("group twinspark_router (router1): a router in front of a group")
