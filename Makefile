@@ -76,7 +76,7 @@ sim-status:
 # twinspark_recipe=NAME; the chat then also sends a request with tools, which the recipe's tool-call parser reads.
 # NODES=N (given on the command line): a group of N simulated nodes instead of the pair, rank 0 on node1 serving the
 # API, through the simulated switch (docs/GROUPS.md; about 2.1-2.6 GiB per rank). tiny-llama's four heads allow
-# NODES=4 (TP=4); validation refuses the other counts, naming the rule.
+# NODES=4 (TP=4) and NODES=1 (a single Spark, TP=1, no fabric); validation refuses the other counts, naming the rule.
 FLEET ?=
 PAIRS ?=
 RECIPE ?=
@@ -138,9 +138,10 @@ TOPOLOGY ?=
 sim-group: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) TWINSPARK_SIM_TOPOLOGY=$(TOPOLOGY) scripts/sim/group-check
 
-# CI's group smoke (docs/GROUPS.md): a group of NODES (default 4, TP=4) through the simulated switch, from nothing
-# (the harness's nodes are taken down and their disks purged first), converged by site.yml and serving; then rank 2's
-# vLLM killed and rank 0's guard bringing the group back with no operator. The group stays up.
+# CI's group smokes (docs/GROUPS.md): a group of NODES (default 4, TP=4) through the simulated switch, or a single
+# Spark (NODES=1), from nothing (the harness's nodes are taken down and their disks purged first), converged by
+# site.yml and serving; then rank 2's vLLM killed (a single Spark's rank 0) and rank 0's guard bringing the group
+# back with no operator. The group stays up.
 sim-test-group: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH TWINSPARK_SIM_GROUP=$(NODES) scripts/sim/group-smoke
 
