@@ -214,9 +214,10 @@ def _group_inventory_problems(plain, groups, members):
     the same inventory is refused: a fleet of groups is not built."""
     routers = [str(host) for host in groups.get(fleet.ROUTER_GROUP) or []]
     if routers:
-        return [f"group {fleet.ROUTER_GROUP} ({', '.join(routers)}): a router in front of a group (a fleet of groups) "
-                f"is not built yet; remove it from this group's inventory, or route to pairs (docs/FLEET.md; "
-                "docs/GROUPS.md, \"Not built yet\")"]
+        line = (f"group {fleet.ROUTER_GROUP} ({', '.join(routers)}): a router in front of a group (a fleet of "
+                "groups) is not built yet; remove it from this group's inventory, or route to pairs (docs/FLEET.md; "
+                "docs/GROUPS.md, \"Not built yet\")")
+        return [line]
     lines = twinspark_group_problems(plain, groups)
     if lines:
         return lines
