@@ -532,16 +532,27 @@ def guard_after_start(path: str, what: str) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def run_steps(pair: LivePair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart") -> tuple[bool, str]:
+def run_steps(pair: LivePair, steps: Sequence[tuple[str, str]], what: str = "ordered pair restart",
+              unreached: list[int] | None = None) -> tuple[bool, str]:
     """Carry out `steps` in order: the head through systemctl, the worker through its forced command.
 
     Returns (ok, what was done). At the first step that fails (the worker unreachable, a systemctl or forced command
     failing) it stops and puts back what this run stopped (`put_back`: worker, then head), so a failure
-    midway never leaves a rank down that was up before; the message says what was put back."""
+    midway never leaves a rank down that was up before; the message says what was put back. A plan that only stops
+    (`twinspark pair stop`) goes on to stop every other rank instead: a stop is meant to leave the ranks down, and one
+    rank that cannot be reached must not keep the others running. `unreached` collects the number of every rank that
+    could not be reached."""
     done: list[tuple[str, str]] = []
+    problems: list[str] = []
+    only_stops = all(verb == "stop" for _, verb in steps)
     for rank, verb in steps:
         log(5, f"{what}: {'stopping' if verb == 'stop' else 'starting'} {the(rank)}")
         problem = _step(pair, rank, verb)
+        if problem and unreached is not None and isinstance(problem, Unreached):
+            unreached.append(rank_number(rank))
+        if problem and only_stops:
+            problems.append(problem)
+            continue
         if problem:
             said = ", ".join(_done_words(done))
             message = problem + (f" ({said})" if said else "")
@@ -550,7 +561,20 @@ def run_steps(pair: LivePair, steps: Sequence[tuple[str, str]], what: str = "ord
                 message += "; " + _put_back(pair, back, what)
             return False, message
         done.append((rank, verb))
+    if problems:
+        said = ", ".join(_done_words(done))
+        return False, "; ".join(problems) + (f" ({said})" if said else "")
     return True, ", ".join(_done_words(done)) or "nothing to do"
+
+
+class Unreached(str):
+    """A step's problem that is the rank not answering at any of its addresses (not a command that failed)."""
+
+
+def rank_number(rank: str) -> int:
+    """A step's rank name as its number: the head 0, the worker 1, "rank r" r."""
+    named = {HEAD: 0, WORKER: 1}
+    return named[rank] if rank in named else int(rank.removeprefix("rank "))
 
 
 def _done_words(done: Sequence[tuple[str, str]]) -> list[str]:
@@ -565,9 +589,9 @@ def _step(pair: LivePair, rank: str, verb: str) -> str:
             pair.head(verb)
         elif rank == WORKER:
             if pair.worker(verb) is None:
-                return f"the worker could not be reached to {verb} it"
+                return Unreached(f"the worker could not be reached to {verb} it")
         elif pair.rank(int(rank.removeprefix("rank ")), verb) is None:
-            return f"{rank} could not be reached to {verb} it"
+            return Unreached(f"{rank} could not be reached to {verb} it")
     except subprocess.CalledProcessError as exc:
         return f"systemctl {verb} of {the(rank)} failed (exit {exc.returncode}): {(exc.stderr or '').strip()}"
     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
@@ -750,9 +774,12 @@ def run_verb(args: argparse.Namespace, pair: LivePair, verb: str) -> int:
                 raise RuntimeError(problem)
 
             def work() -> drain.WorkResult:
-                ok, done = run_steps(pair, plan, what)
+                unreached: list[int] = []
+                ok, done = run_steps(pair, plan, what, unreached)
+                # worker_reached: every rank the plan touched answered (a pair's worker, a group's every rank);
+                # unreached: the numbers of those that did not (playbooks/stop.yml names them).
                 result.update(steps=[f"{rank} {step}" for rank, step in plan], done=done,
-                              worker_reached=ok or "worker could not be reached" not in done)
+                              worker_reached=not unreached, unreached=unreached)
                 waited = ok and verb != "stop" and not args.no_wait
                 if waited:
                     ok, done = wait_serving(pair, args.ready_timeout, args.probe_timeout)
