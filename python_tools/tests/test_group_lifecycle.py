@@ -113,9 +113,37 @@ def test_a_rank_start_that_fails_midway_starts_the_rest_again_and_says_which_fai
 
 def test_an_unreachable_rank_is_named_when_a_step_cannot_reach_it():
     group = GroupStand(size=3, unreachable={2})
-    ok, outcome = pl.run_steps(group, pl.steps("stop", size=3))
+    unreached: list[int] = []
+    ok, outcome = pl.run_steps(group, pl.steps("stop", size=3), unreached=unreached)
     assert not ok and group.calls == ["rank 0 stop", "rank 1 stop"]
-    assert outcome.startswith("rank 2 could not be reached to stop it")
+    assert outcome.startswith("rank 2 could not be reached to stop it") and unreached == [2]
+
+
+def test_a_stop_goes_on_past_a_rank_it_cannot_reach_and_stops_the_rest():
+    # Seen on the simulated group of four: rank 2 cut off, `pair stop` stopped ranks 0 and 1 and left rank 3 serving.
+    group = GroupStand(size=4, unreachable={2})
+    unreached: list[int] = []
+    ok, outcome = pl.run_steps(group, pl.steps("stop", size=4), "twinspark pair stop", unreached)
+    assert not ok and group.calls == ["rank 0 stop", "rank 1 stop", "rank 3 stop"]
+    assert outcome == "rank 2 could not be reached to stop it (rank 0 stopped, rank 1 stopped, rank 3 stopped)"
+    assert unreached == [2]
+
+
+def test_a_failed_rank_command_is_not_counted_as_unreached():
+    group = GroupStand(size=4, fail={"rank 1 stop"})
+    unreached: list[int] = []
+    ok, outcome = pl.run_steps(group, pl.steps("stop", size=4), unreached=unreached)
+    assert not ok and unreached == [] and group.calls == ["rank 0 stop", "rank 2 stop", "rank 3 stop"]
+    assert outcome.startswith("rank 1's stop failed")
+
+
+def test_a_restart_still_stops_at_the_first_unreachable_rank_and_puts_back():
+    group = GroupStand(size=4, unreachable={3})
+    unreached: list[int] = []
+    ok, outcome = pl.run_steps(group, pl.steps("restart", size=4), unreached=unreached)
+    assert not ok and unreached == [3]
+    assert group.calls == ["rank 0 stop", "rank 1 stop", "rank 2 stop", "rank 2 start", "rank 1 start",
+                           "rank 0 start"]
 
 
 def test_the_preflight_names_the_rank_that_does_not_answer_and_stops_nothing():

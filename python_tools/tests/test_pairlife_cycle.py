@@ -133,6 +133,7 @@ def test_pair_stop_pauses_the_guard_first_then_stops_head_then_worker(on_head, c
     assert pl.read_pause(on_head["pause"]).reason == "playbooks/stop.yml"
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] and result["done"] == "head stopped, worker stopped"
+    assert result["worker_reached"] is True and result["unreached"] == []
 
 
 def test_pair_stop_with_the_worker_unreachable_stops_the_head_and_exits_1_naming_the_worker(on_head, capsys):
@@ -143,6 +144,7 @@ def test_pair_stop_with_the_worker_unreachable_stops_the_head_and_exits_1_naming
     result = json.loads(out.out)
     assert result["worker_reached"] is False and result["done"] == "the worker could not be reached to stop it " \
                                                                    "(head stopped)"
+    assert result["unreached"] == [1]  # rank numbers, as playbooks/stop.yml reads them
     assert "twinspark pair stop: the worker could not be reached" in out.err
 
 
