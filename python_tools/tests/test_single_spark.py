@@ -113,6 +113,21 @@ def test_the_doctor_judges_no_fabric_on_a_single_spark():
     assert "NNODES" in doctor.SETTINGS_READ  # the preflight passes it to the rules
 
 
+def test_a_single_sparks_address_must_be_one_of_its_own():
+    facts = json.loads((FIXTURES / "handshaped_doctor_gb10_head.json").read_text(encoding="utf-8"))
+    held = [a for n in facts["netdevs"] for a in n.get("ipv4") or []]
+    assert held
+    found = doctor.judge_node("n", facts, doctor.settings_of(facts, {"NNODES": "1", "VLLM_HOST_IP": held[0]}))
+    assert "single.address" not in {f.id for f in found.findings}
+    wrong = doctor.judge_node("n", facts, doctor.settings_of(facts, {"NNODES": "1", "VLLM_HOST_IP": "10.9.9.9"}))
+    finding = next(f for f in wrong.findings if f.id == "single.address")
+    assert finding.severity == "stop" and "10.9.9.9 (VLLM_HOST_IP) is none of its own" in finding.message
+    assert "twinspark_fabric_address" in finding.fix
+    # a pair node is judged by fabric.address instead
+    pair = doctor.judge_node("n", facts, doctor.settings_of(facts, {"VLLM_HOST_IP": "10.9.9.9"}))
+    assert "single.address" not in {f.id for f in pair.findings}
+
+
 def test_the_guard_looks_at_no_fabric_on_a_single_spark():
     env = {"NNODES": "1", "NODE_RANK": "0", "NCCL_SOCKET_IFNAME": "ic0", "WORKER_HOST": "10.78.0.1"}
     assert fabric_ifnames(env) == [] and fabric_peer(env) is None

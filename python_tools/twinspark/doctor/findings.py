@@ -52,6 +52,7 @@ CATALOGUE: dict[str, Rule] = {
     "fabric.address": Rule(STOP, BOTH, "the node's fabric address is not on its fabric interface", FABRIC_PLAY),
     "fabric.mtu": Rule(WARN, BOTH, "a fabric interface without jumbo frames", FABRIC_PLAY),
     "fabric.shared-subnet": Rule(STOP, BOTH, "a fabric netdev shares its subnet with another netdev of the node"),
+    "single.address": Rule(STOP, BOTH, "a single Spark's address (VLLM_HOST_IP) is none of its own"),
     "gid.unresolvable": Rule(STOP, GB10, "no RoCE v2 GID index the selected HCAs share", FABRIC_PLAY),
     "gid.pinned-drift": Rule(STOP, GB10, "the pinned NCCL_IB_GID_INDEX is not the one this node resolves"),
     "clock.unsynchronised": Rule(WARN, BOTH, "the clock is not synchronised"),

@@ -327,6 +327,21 @@ def shared_subnet(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
         for network, holders in sorted(clashes.items())]
 
 
+def single_address(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
+    """A single Spark (NNODES=1) has no fabric, but vLLM still sets up its process group on VLLM_HOST_IP (the node's
+    twinspark_fabric_address): it must be an address this node holds, on any netdev."""
+    own = env.get("VLLM_HOST_IP", "")
+    if env.get("NNODES") != "1" or not own or "netdevs" not in facts:
+        return []
+    held = sorted({str(a) for netdev in _by_name(facts).values() for a in netdev.get("ipv4") or []})
+    if own in held:
+        return []
+    return [Found("single.address",
+                  f"this single Spark's address {own} (VLLM_HOST_IP) is none of its own (it has "
+                  f"{', '.join(held) or 'no address'}): vLLM could not set up its process group",
+                  "set twinspark_fabric_address for this host to one of its own addresses (its LAN address will do)")]
+
+
 def gid_index(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
     """The launcher's own GID resolution (twinspark.fabric.gid) over the facts' ports and addresses."""
     if _rdma(facts) is None:
@@ -430,8 +445,8 @@ def hygiene(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
 
 
 NODE_RULES: tuple[Callable[[Mapping, Mapping[str, str]], list[Found]], ...] = (
-    kernel_cma_enomem, pcie_links, rdma_devices, fabric_links, shared_subnet, gid_index, nccl_library, clock_state,
-    memory_state, hygiene,
+    kernel_cma_enomem, pcie_links, rdma_devices, fabric_links, shared_subnet, gid_index, single_address, nccl_library,
+    clock_state, memory_state, hygiene,
 )
 # The rules about the cables between ranks; a group of one has none (its NNODES is 1).
 FABRIC_RULES = frozenset({rdma_devices, fabric_links, shared_subnet, gid_index})
