@@ -76,6 +76,8 @@ def test_vllm_on_a_single_spark_gets_no_fabric_interface_and_no_rendezvous():
     command = launcher.build_command(dict(result.values), registry=registry)
     for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
         assert name not in command.env and name in command.unset  # ...but vLLM neither gets nor inherits it
+    dropped = {k.env for k in registry.knobs if k.concern == "fabric"} - {launcher.NCCL_LIBRARY_KNOB}
+    assert dropped <= set(command.unset) and "NCCL_IB_HCA" in dropped
     for flag in ("--nnodes", "--node-rank", "--master-addr", "--headless"):
         assert flag not in command.argv
     assert command.argv[command.argv.index("--tensor-parallel-size") + 1] == "1"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from twinspark import api, budget, envfile, layout, recipe, settings, validate
-from twinspark.fabric import gid, sysfs
+from twinspark.fabric import gid, links, sysfs
 from twinspark.fabric.gid import match_ip as gid_match_ip
 from twinspark.settings import Registry
 from twinspark.vllm_entry import API_KEY_DIGESTS_ENV, API_KEYS_ENV
@@ -117,11 +117,11 @@ TELEMETRY_OFF = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
 
 # The knobs that pass vLLM's rendezvous flags; a group of one starts without them (docs/GROUPS.md).
 MULTI_NODE_KNOBS = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
-# The knobs that name the fabric between ranks (its interfaces, RDMA devices and GID); a group of one has no fabric,
-# and vLLM there must not bind to an interface the node may not have.
-CABLE_KNOBS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_AUTO",
-               "NCCL_IB_GID_INDEX", "GID_MATCH_IP", "NCCL_IB_MERGE_NICS", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
-               "NCCL_DMABUF_ENABLE")
+# A group of one has no fabric: vLLM there gets none of the fabric's knobs (settings.yml `concern: fabric`: the
+# interfaces, RDMA devices, GID), so it never binds to an interface the node may not have. The NCCL library stays.
+NCCL_LIBRARY_KNOB = "VLLM_NCCL_SO_PATH"
+
+
 # The flags of the profiles' common args that carry the group's size and layout (settings.yml `common`).
 LAYOUT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--nnodes")
 
@@ -191,7 +191,7 @@ def build_command(
     env: dict[str, str] = dict(others or {})
     for knob in registry.knobs:
         value = values.get(knob.env)
-        if size == 1 and knob.env in CABLE_KNOBS:
+        if size == 1 and knob.concern == "fabric" and knob.env != NCCL_LIBRARY_KNOB:
             continue  # a group of one has no fabric: its interfaces are not named (and so left unset below)
         if knob.passes == "env" and value and not (knob.allow_auto and value == "auto"):
             env[knob.env] = value
@@ -233,7 +233,7 @@ def resolve_gid(
     """
     if values.get("TWINSPARK_PROFILE") != "gb10" or values.get("NCCL_IB_GID_AUTO") != "1":
         return []
-    if validate.group_layout(values)[0] == 1:
+    if links.no_fabric(values):
         return []  # a group of one: no fabric, no GID to resolve
     if interface_addresses is None:
         interface_addresses = sysfs.netdev_ipv4

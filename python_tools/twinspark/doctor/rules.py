@@ -331,7 +331,7 @@ def single_address(facts: Mapping, env: Mapping[str, str]) -> list[Found]:
     """A single Spark (NNODES=1) has no fabric, but vLLM still sets up its process group on VLLM_HOST_IP (the node's
     twinspark_fabric_address): it must be an address this node holds, on any netdev."""
     own = env.get("VLLM_HOST_IP", "")
-    if env.get("NNODES") != "1" or not own or "netdevs" not in facts:
+    if not links.no_fabric(env) or not own or "netdevs" not in facts:
         return []
     held = sorted({str(a) for netdev in _by_name(facts).values() for a in netdev.get("ipv4") or []})
     if own in held:
@@ -554,7 +554,7 @@ def judge_node(host: str, facts: Mapping, env: Mapping[str, str]) -> Report:
     """Every rule of the node's profile over one node's facts and settings (settings_of)."""
     profile = env.get("TWINSPARK_PROFILE", "gb10")
     acked = acknowledged_ids(env.get(ACK_ENV, ""))
-    alone = env.get("NNODES") == "1"  # a group of one: no fabric to judge (docs/GROUPS.md, "A single Spark")
+    alone = links.no_fabric(env)  # a group of one: no fabric to judge (docs/GROUPS.md, "A single Spark")
     rules = [rule for rule in NODE_RULES if not (alone and rule in FABRIC_RULES)]
     findings = [_finding(found, host, acked) for rule in rules for found in rule(facts, env)
                 if profile in CATALOGUE[found.id].profiles]

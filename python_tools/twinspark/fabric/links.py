@@ -48,6 +48,12 @@ def socket_ifnames(value: str) -> list[str]:
     return [token.lstrip("=") for token in value.split(",") if token.strip("= ")]
 
 
+def no_fabric(env: Mapping[str, str]) -> bool:
+    """Whether the env belongs to a group of one (NNODES=1, a single Spark, docs/GROUPS.md): no cable to another rank,
+    so nothing about a fabric is read, judged, measured or handed to vLLM."""
+    return str(env.get("NNODES") or "").strip() == "1"
+
+
 def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
     """A node's fabric interfaces from its env file: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else
     GLOO_SOCKET_IFNAME)."""

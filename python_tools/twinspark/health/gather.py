@@ -419,7 +419,7 @@ def gather_node(env_facts: Mapping[str, object], env: Mapping[str, str], run: Ru
         main_pid = int(unit.get("MainPID") or 0)
     except ValueError:
         main_pid = 0
-    alone = env.get("NNODES") == "1"
+    alone = links.no_fabric(env)
     facts: dict[str, object] = {
         "profile": profile,
         "rank": env.get("NODE_RANK", ""),

@@ -585,7 +585,7 @@ FABRIC_PROBE_PORT = 22
 def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
     """This node's fabric interfaces: the ones NCCL and gloo use (NCCL_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME); none
     on a group of one (NNODES=1), which has no fabric."""
-    if env.get("NNODES") == "1":
+    if links.no_fabric(env):
         return []
     return links.fabric_ifnames(env)
 
@@ -593,7 +593,7 @@ def fabric_ifnames(env: Mapping[str, str]) -> list[str]:
 def fabric_peer(env: Mapping[str, str]) -> str | None:
     """The other node's fabric address: the worker's (WORKER_HOST) on the head, the head's (MASTER_ADDR) on the
     worker; None when the env file does not say, or on a group of one (NNODES=1: no other node)."""
-    if env.get("NNODES") == "1":
+    if links.no_fabric(env):
         return None
     key = "WORKER_HOST" if env.get("NODE_RANK", "0") == "0" else "MASTER_ADDR"
     return env.get(key) or None
