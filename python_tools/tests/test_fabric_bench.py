@@ -6,6 +6,8 @@ import json
 import os
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,42 @@ def test_bad_input_exits_2_before_any_connection(monkeypatch, capsys):
     assert seen == {}
 
 
+@pytest.mark.parametrize("args", [("--deadline", "0"), ("--timeout", "-1")])
+def test_a_deadline_or_timeout_not_above_zero_exits_2_before_any_connection(monkeypatch, capsys, args):
+    code, _, err, seen = run_cli(monkeypatch, capsys, results(1.0), *args)
+    assert code == 2
+    assert "--timeout and --deadline must be above 0 seconds" in err
+    assert seen == {}
+
+
+def test_the_watchdog_gives_up_with_exit_1_after_its_deadline_and_not_once_cancelled(capsys):
+    codes: list[int] = []
+    fired = threading.Event()
+
+    def give_up(code: int) -> None:
+        codes.append(code)
+        fired.set()
+
+    bench.watchdog(0.05, "no result within 0.05 s", give_up)
+    assert fired.wait(5)
+    assert codes == [1]
+    assert "no result within 0.05 s" in capsys.readouterr().err
+    cancelled = bench.watchdog(0.05, "never", give_up)
+    cancelled.cancel()
+    time.sleep(0.2)
+    assert codes == [1]
+
+
+def test_a_finished_run_cancels_its_watchdog(monkeypatch, capsys):
+    timers: list[threading.Timer] = []
+    real = bench.watchdog
+    monkeypatch.setattr(bench, "watchdog", lambda *a: timers.append(real(3600, "never", lambda code: None))
+                        or timers[-1])
+    code, _, _, _ = run_cli(monkeypatch, capsys, results(1.0), "--backend", "gloo")
+    assert code == 0
+    assert len(timers) == 1 and timers[0].finished.is_set()
+
+
 def test_table_shows_each_size(monkeypatch, capsys):
     figures = [bench.size_result(1 << 20, 0.001, 2), bench.size_result(64 << 20, 0.05, 2)]
     _, out, _, _ = run_cli(monkeypatch, capsys, figures, "--backend", "gloo")
@@ -149,3 +187,24 @@ def test_two_ranks_over_loopback_with_gloo(vllm_python):
     reports = [json.loads(output) for output in outputs]
     assert [r["bytes"] for r in reports[0]["results"]] == [65536, 1 << 20]
     assert reports[0]["peak_busbw_gbps"] == reports[1]["peak_busbw_gbps"] > 0
+
+
+def test_a_rendezvous_port_that_accepts_and_never_answers_ends_at_the_deadline(vllm_python):
+    """Real torch: rank 1's client waits for the store's reply past its own --timeout (it hung over 10 minutes on the
+    simulated pair, and in CI); the run's deadline ends it with exit 1 and one line."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = str(silent.getsockname()[1])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        started = time.monotonic()
+        done = subprocess.run([str(vllm_python), "-m", "twinspark.cli", "fabric", "bench", "--rank", "1", "--master",
+                               "127.0.0.1", "--port", port, "--backend", "gloo", "--ifname", "lo", "--timeout", "2",
+                               "--deadline", "8", "--json"], capture_output=True, text=True, env=env, timeout=120)
+        took = time.monotonic() - started
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"twinspark fabric bench: all_reduce with gloo to 127.0.0.1:{port} gave no result within 8 s (--deadline); "
+        "giving up")
+    assert 8 <= took < 60

@@ -6,7 +6,8 @@ message size. The figures follow nccl-tests: algbw = bytes / time, busbw = algbw
 The peak busbw is judged against a threshold: NVIDIA's pass mark for a direct Spark pair (21.875 GB/s, 175 Gb/s) by
 default on ``gb10``; on ``cpu`` the figures are a report unless ``--threshold-gbps`` is given.
 
-Exit codes: 0 ok (or report only), 1 peak below threshold or the run failed, 2 invalid input.
+Exit codes: 0 ok (or report only), 1 peak below threshold or the run failed (or gave no result within
+``--deadline``), 2 invalid input.
 The arithmetic is pure; torch is imported only when a benchmark really runs.
 """
 
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -212,11 +214,32 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer (default 120)")
     parser.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds the whole run may take, then it gives up with exit 1 (default: 3 x --timeout); torch's own "
+             "timeouts do not cover a rendezvous port that accepts and never answers",
+    )
+    parser.add_argument(
         "--threshold-gbps",
         type=float,
         help=f"pass mark for the peak busbw in GB/s (default {GB10_THRESHOLD_GBPS} on gb10, none on cpu)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
+
+
+def watchdog(deadline_s: float, message: str, give_up=os._exit) -> threading.Timer:
+    """A daemon timer that prints `message` and ends the process with exit 1 after `deadline_s` (cancel it when the
+    run returns). torch.distributed can wait without end: a client whose rendezvous port accepts and never answers
+    waits for its reply past every timeout it was given (seen on the simulated pair: over 10 minutes)."""
+
+    def expire() -> None:
+        print(message, file=sys.stderr, flush=True)
+        give_up(1)
+
+    timer = threading.Timer(deadline_s, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main(args) -> int:
@@ -229,12 +252,17 @@ def main(args) -> int:
             raise ValueError("--iters must be at least 1 and --warmup at least 0")
         if not 0 <= args.rank < args.world_size:
             raise ValueError(f"--rank must be below --world-size {args.world_size} (got {args.rank})")
+        deadline = args.deadline if args.deadline is not None else 3 * args.timeout
+        if deadline <= 0 or args.timeout <= 0:
+            raise ValueError("--timeout and --deadline must be above 0 seconds")
     except ValueError as error:
         print(f"twinspark fabric bench: {error}", file=sys.stderr)
         return 2
     if args.ifname:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", args.ifname)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", args.ifname)
+    timer = watchdog(deadline, f"twinspark fabric bench: all_reduce with {backend} to {args.master}:{args.port} gave "
+                              f"no result within {deadline:g} s (--deadline); giving up")
     try:
         results = run_all_reduce(
             rank=args.rank,
@@ -256,6 +284,8 @@ def main(args) -> int:
         print(f"twinspark fabric bench: all_reduce with {backend} to {args.master}:{args.port} failed: {error}",
               file=sys.stderr)
         return 1
+    finally:
+        timer.cancel()
     verdict = judge(results, threshold)
     if args.json:
         print(json.dumps(report_dict(results, verdict, backend, args.world_size, args.rank), indent=2))
