@@ -309,9 +309,34 @@ def netdevs(sys_root: str, addresses: dict[str, list[str]], networks: dict[str, 
             "mtu": _int(read_text(os.path.join(base, "mtu"))),
             "driver": os.path.basename(os.path.realpath(driver)) if os.path.islink(driver) else None,
             "pci": _pci_address(os.path.join(base, "device")),
+            "mac": (read_text(os.path.join(base, "address")) or "").lower() or None,
             "ipv4": list(addresses.get(name, [])),
             **({"ipv4_cidr": list(networks.get(name, []))} if networks is not None else {}),
         })
+    return found
+
+
+ARP_COMPLETE = 0x2  # ATF_COM: the entry has a hardware address
+
+
+def neighbours(proc: str) -> list[dict] | dict:
+    """The kernel's complete IPv4 neighbour entries (/proc/net/arp): address, MAC and netdev. The doctor compares
+    the MAC each peer's fabric address answers from with the peer's own (pair.cabling); an entry still being
+    resolved, or one that failed, has no MAC and is left out."""
+    text = read_text(os.path.join(proc, "net", "arp"))
+    if text is None:
+        return unavailable("/proc/net/arp could not be read")
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        try:
+            flags = int(fields[2], 16)
+        except ValueError:
+            continue
+        if flags & ARP_COMPLETE:
+            found.append({"ip": fields[0], "mac": fields[3].lower(), "netdev": fields[5]})
     return found
 
 
@@ -526,6 +551,7 @@ def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | 
         "serving": unit_active(sys_root, unit),
         "disk_free_bytes": disk_free(paths or {}),
         "netdevs": netdevs(sys_root, plain, networks),
+        "neighbours": neighbours(proc),
         "pcie": pcie(sys_root),
         "rdma": rdma(sys_root),
         "clock": clock_reader(),

@@ -69,6 +69,7 @@ CATALOGUE: dict[str, Rule] = {
     "pair.clock": Rule(WARN, BOTH, f"the two clocks are more than {CLOCK_OFFSET_BOUND_S} s apart"),
     "pair.firmware": Rule(WARN, GB10, "the two nodes' ConnectX firmware differs"),
     "pair.os": Rule(WARN, BOTH, "the two nodes run different OS releases"),
+    "pair.cabling": Rule(STOP, BOTH, "a peer's fabric address answers from a MAC that is none of that peer's"),
 }
 
 

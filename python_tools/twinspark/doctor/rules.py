@@ -528,6 +528,50 @@ def group_rules(hosts: Sequence[str], facts: Mapping[str, Mapping],
                                          + ", ".join(f"{h} {o:+.3f} s" for h, o in offsets.items())
                                          + f" off their sources), more than {CLOCK_OFFSET_BOUND_S} s",
                            f"synchronise {every} against the same time source"))
+    return found + cabling(hosts, facts, envs)
+
+
+def _macs(facts: Mapping) -> set[str]:
+    """Every MAC the node's own netdevs have (a node may answer for an address on any of them), none of zeros."""
+    return {str(n["mac"]).lower() for n in facts.get("netdevs") or [] if n.get("mac")} - {"00:00:00:00:00:00"}
+
+
+def cabling(hosts: Sequence[str], facts: Mapping[str, Mapping],
+            envs: Mapping[str, Mapping[str, str]]) -> list[Found]:
+    """Each node's neighbour entry for every other node's fabric address must carry one of that node's own MACs.
+    Another MAC there means another machine answers for the address: a duplicate address, a stray device on the
+    switch, or a cable in the wrong port, and the ranks' traffic goes to it. A node with no entry for an address
+    (no traffic yet, or facts from before neighbours were collected) is not judged."""
+    owner = {str(n["mac"]).lower(): (host, n.get("name")) for host in hosts
+             for n in facts[host].get("netdevs") or [] if n.get("mac")}
+    found = []
+    for here in hosts:
+        entries = facts[here].get("neighbours")
+        if not isinstance(entries, list):
+            continue
+        by_address = {e.get("ip"): e for e in entries if isinstance(e, Mapping)}
+        for peer in hosts:
+            own = _macs(facts[peer])
+            if peer == here or not own:
+                continue
+            names = set(fabric_netdevs(facts[peer], envs[peer]))
+            for netdev in facts[peer].get("netdevs") or []:
+                if netdev.get("name") not in names:
+                    continue
+                for address in netdev.get("ipv4") or []:
+                    entry = by_address.get(address)
+                    if not entry or str(entry.get("mac")).lower() in own:
+                        continue
+                    mac = str(entry.get("mac")).lower()
+                    holder = owner.get(mac)
+                    whose = f"{holder[0]}'s {holder[1]}" if holder else "no node of the group"
+                    found.append(Found(
+                        "pair.cabling",
+                        f"{here} reaches {peer}'s fabric address {address} ({netdev['name']}) at {mac} on "
+                        f"{entry.get('netdev')}, which is {whose}, not {peer}",
+                        f"another machine answers for {address}: a duplicate address or a cable in the wrong port; "
+                        f"find who holds it (`ip -br addr` on each node, the switch's MAC table), correct it, then "
+                        f"`ip neigh flush to {address}` on {here} and run playbooks/fabric.yml"))
     return found
 
 
