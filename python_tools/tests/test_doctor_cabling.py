@@ -1,12 +1,15 @@
 """pair.cabling: each node's neighbour entry for another node's fabric address carries one of that node's MACs.
 
 The node facts are the handshaped gb10 pair of test_doctor.py with MACs and neighbour entries laid over them (no
-Spark's ARP table was recorded); the collector's part reads a handshaped /proc/net/arp and sysfs tree.
+Spark's ARP table was recorded); the collector's part reads handshaped rtnetlink messages, this machine's own table
+and a sysfs tree.
 """
 
 from __future__ import annotations
 
 import copy
+import socket
+import struct
 
 import pytest
 from test_doctor import facts, finding, ids, judge
@@ -33,8 +36,8 @@ def node(name: str, base: str = "worker", address: str | None = None) -> dict:
     return item
 
 
-def sees(item: dict, address: str, mac: str, netdev: str = "enp1s0f0np0") -> None:
-    item["neighbours"].append({"ip": address, "mac": mac, "netdev": netdev})
+def sees(item: dict, address: str, mac: str, netdev: str = "enp1s0f0np0", state: str = "REACHABLE") -> None:
+    item["neighbours"].append({"ip": address, "mac": mac, "netdev": netdev, "state": state})
 
 
 def test_each_peer_answering_from_its_own_port_is_clean_and_so_is_its_twin():
@@ -54,7 +57,8 @@ def test_another_rank_answering_for_a_peers_address_stops_the_group_naming_it():
     assert found.severity == findings.STOP and found.host == "spark-a+spark-b+spark-c"
     assert found.message == ("spark-a reaches spark-b's fabric address 192.168.100.11 (enp1s0f0np0) at "
                              "4c:bb:47:00:0c:00 on enp1s0f0np0, which is spark-c's enp1s0f0np0, not spark-b")
-    assert "ip neigh flush to 192.168.100.11` on spark-a" in found.fix and "playbooks/fabric.yml" in found.fix
+    assert "`ip neigh del 192.168.100.11 dev enp1s0f0np0` on spark-a" in found.fix
+    assert "playbooks/fabric.yml" in found.fix
 
 
 def test_a_machine_outside_the_group_answering_is_named_as_none_of_it():
@@ -85,22 +89,45 @@ def test_a_single_node_has_no_peer_to_judge():
     assert "pair.cabling" not in ids(judge(head))
 
 
-ARP = """IP address       HW type     Flags       HW address            Mask     Device
-10.77.0.2        0x1         0x2         AE:3F:10:00:00:02     *        ic0
-10.77.0.9        0x1         0x0         00:00:00:00:00:00     *        ic0
-10.78.0.254      0x1         0x6         02:fc:00:00:00:05     *        mgmt0
-garbage line
-"""
+def test_a_stale_entry_is_not_judged_and_a_pinned_one_is():
+    head, worker = node("spark-a", "head"), node("spark-b")
+    # a worker replaced since: the head's entry still holds the old NIC's MAC until traffic checks it again
+    sees(head, "192.168.100.11", "4c:bb:47:00:99:00", state="STALE")
+    assert ids(judge(head, worker)) == []
+    head["neighbours"][0]["state"] = "PERMANENT"
+    assert ids(judge(head, worker)) == ["pair.cabling"]
 
 
-def test_the_collector_keeps_complete_neighbour_entries_and_each_netdevs_mac(tmp_path):
-    (tmp_path / "proc" / "net").mkdir(parents=True)
-    (tmp_path / "proc" / "net" / "arp").write_text(ARP, encoding="utf-8")
-    assert collect.neighbours(str(tmp_path / "proc")) == [
-        {"ip": "10.77.0.2", "mac": "ae:3f:10:00:00:02", "netdev": "ic0"},
-        {"ip": "10.78.0.254", "mac": "02:fc:00:00:00:05", "netdev": "mgmt0"},
-    ]
-    assert "unavailable" in collect.neighbours(str(tmp_path / "absent"))
+def _neighbour_message(index: int, state: int, address: str, mac: bytes, family: int = socket.AF_INET) -> bytes:
+    """One RTM_NEWNEIGH message as the kernel sends it (handshaped: nlmsghdr, ndmsg, NDA_DST, NDA_LLADDR)."""
+    def attr(kind: int, value: bytes) -> bytes:
+        return struct.pack("=HH", 4 + len(value), kind) + value + b"\0" * (-(4 + len(value)) % 4)
+
+    body = struct.pack("=BBHiHBB", family, 0, 0, index, state, 0, 1)
+    body += attr(collect.NDA_DST, socket.inet_aton(address) if family == socket.AF_INET else bytes(16))
+    body += attr(collect.NDA_LLADDR, mac)
+    return struct.pack("=IHHII", 16 + len(body), collect.RTM_NEWNEIGH, 2, 1, 0) + body
+
+
+def test_the_neighbour_dump_is_read_from_rtnetlink_messages():
+    names = {3: "ic0", 2: "mgmt0"}.__getitem__
+    data = (_neighbour_message(3, 0x02, "10.77.0.2", bytes.fromhex("ae3f10000002"))
+            + _neighbour_message(2, 0x04, "10.78.0.254", bytes.fromhex("02fc00000005"))
+            + _neighbour_message(3, 0x02, "::", bytes.fromhex("ae3f10000003"), family=socket.AF_INET6))
+    found, done = collect.parse_neighbours(data, names)
+    assert found == [{"ip": "10.77.0.2", "mac": "ae:3f:10:00:00:02", "netdev": "ic0", "state": "REACHABLE"},
+                     {"ip": "10.78.0.254", "mac": "02:fc:00:00:00:05", "netdev": "mgmt0", "state": "STALE"}]
+    assert done is False
+    assert collect.parse_neighbours(struct.pack("=IHHII", 16, collect.NLMSG_DONE, 2, 1, 0), names) == ([], True)
+    with pytest.raises(OSError):
+        collect.parse_neighbours(struct.pack("=IHHII", 16, collect.NLMSG_ERROR, 0, 1, 0), names)
+
+
+def test_this_machines_own_neighbour_table_reads_and_each_netdev_has_its_mac(tmp_path):
+    """The real kernel (a read of this machine's table, no packet sent)."""
+    table = collect.neighbours()
+    assert isinstance(table, list), table
+    assert all(set(entry) == {"ip", "mac", "netdev", "state"} for entry in table)
     net = tmp_path / "sys" / "class" / "net"
     for name, mac in (("ic0", "AE:3F:10:00:00:01\n"), ("lo", "00:00:00:00:00:00\n")):
         (net / name).mkdir(parents=True)

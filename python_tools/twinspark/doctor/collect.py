@@ -31,6 +31,7 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -316,28 +317,70 @@ def netdevs(sys_root: str, addresses: dict[str, list[str]], networks: dict[str, 
     return found
 
 
-ARP_COMPLETE = 0x2  # ATF_COM: the entry has a hardware address
+# The neighbour table over rtnetlink (no `ip` subprocess, for the reason ipv4_by_netdev gives).
+RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NDA_DST, NDA_LLADDR = 1, 2
+NUD_STATES = {0x01: "INCOMPLETE", 0x02: "REACHABLE", 0x04: "STALE", 0x08: "DELAY", 0x10: "PROBE", 0x20: "FAILED",
+              0x40: "NOARP", 0x80: "PERMANENT"}
+_NLMSGHDR = struct.Struct("=IHHII")
+_NDMSG = struct.Struct("=BBHiHBB")
+_RTATTR = struct.Struct("=HH")
 
 
-def neighbours(proc: str) -> list[dict] | dict:
-    """The kernel's complete IPv4 neighbour entries (/proc/net/arp): address, MAC and netdev. The doctor compares
-    the MAC each peer's fabric address answers from with the peer's own (pair.cabling); an entry still being
-    resolved, or one that failed, has no MAC and is left out."""
-    text = read_text(os.path.join(proc, "net", "arp"))
-    if text is None:
-        return unavailable("/proc/net/arp could not be read")
-    found = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 6:
-            continue
-        try:
-            flags = int(fields[2], 16)
-        except ValueError:
-            continue
-        if flags & ARP_COMPLETE:
-            found.append({"ip": fields[0], "mac": fields[3].lower(), "netdev": fields[5]})
-    return found
+def parse_neighbours(data: bytes, ifname=socket.if_indextoname) -> tuple[list[dict], bool]:
+    """rtnetlink RTM_NEWNEIGH messages -> ([{ip, mac, netdev, state}] of the IPv4 entries with a MAC, done).
+    `done` is True once NLMSG_DONE was read."""
+    found, offset = [], 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            break
+        if kind == NLMSG_DONE:
+            return found, True
+        if kind == NLMSG_ERROR:
+            raise OSError("the kernel refused the neighbour dump")
+        body = offset + _NLMSGHDR.size
+        if kind == RTM_NEWNEIGH and body + _NDMSG.size <= offset + length:
+            family, _p1, _p2, index, state, _nflags, _ntype = _NDMSG.unpack_from(data, body)
+            attrs, at = {}, body + _NDMSG.size
+            while at + _RTATTR.size <= offset + length:
+                size, kind_attr = _RTATTR.unpack_from(data, at)
+                if size < _RTATTR.size:
+                    break
+                attrs[kind_attr] = data[at + _RTATTR.size:at + size]
+                at += (size + 3) & ~3
+            if family == socket.AF_INET and len(attrs.get(NDA_DST, b"")) == 4 and attrs.get(NDA_LLADDR):
+                try:
+                    netdev = ifname(index)
+                except OSError:
+                    netdev = str(index)
+                found.append({"ip": socket.inet_ntoa(attrs[NDA_DST]),
+                              "mac": ":".join(f"{b:02x}" for b in attrs[NDA_LLADDR]),
+                              "netdev": netdev, "state": NUD_STATES.get(state, hex(state))})
+        offset += (length + 3) & ~3
+    return found, False
+
+
+def neighbours() -> list[dict] | dict:
+    """The kernel's IPv4 neighbour entries that have a MAC (its ARP table): address, MAC, netdev and state. The
+    doctor compares the MAC each peer's fabric address answers from with the peer's own (pair.cabling)."""
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+            sock.settimeout(5)
+            request = _NDMSG.pack(socket.AF_INET, 0, 0, 0, 0, 0, 0)
+            sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(request), RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+                      + request)
+            found: list[dict] = []
+            for _ in range(1000):
+                part, done = parse_neighbours(sock.recv(1 << 16))
+                found += part
+                if done:
+                    return found
+    except OSError as error:
+        return unavailable(f"the neighbour table could not be read ({error})")
+    return unavailable("the neighbour table did not end")
 
 
 def _aer_fatal(device_dir: str) -> int | None:
@@ -551,7 +594,7 @@ def collect(nccl_so: str | None = None, venv: str = "", paths: dict[str, str] | 
         "serving": unit_active(sys_root, unit),
         "disk_free_bytes": disk_free(paths or {}),
         "netdevs": netdevs(sys_root, plain, networks),
-        "neighbours": neighbours(proc),
+        "neighbours": neighbours(),
         "pcie": pcie(sys_root),
         "rdma": rdma(sys_root),
         "clock": clock_reader(),

@@ -536,12 +536,18 @@ def _macs(facts: Mapping) -> set[str]:
     return {str(n["mac"]).lower() for n in facts.get("netdevs") or [] if n.get("mac")} - {"00:00:00:00:00:00"}
 
 
+# Entries the kernel has just confirmed, or that someone pinned; a STALE one may still hold the MAC of a node
+# replaced since (it is checked again only when traffic flows).
+JUDGED_NEIGHBOUR_STATES = ("REACHABLE", "PERMANENT")
+
+
 def cabling(hosts: Sequence[str], facts: Mapping[str, Mapping],
             envs: Mapping[str, Mapping[str, str]]) -> list[Found]:
     """Each node's neighbour entry for every other node's fabric address must carry one of that node's own MACs.
     Another MAC there means another machine answers for the address: a duplicate address, a stray device on the
-    switch, or a cable in the wrong port, and the ranks' traffic goes to it. A node with no entry for an address
-    (no traffic yet, or facts from before neighbours were collected) is not judged."""
+    switch, or a cable in the wrong port, and the ranks' traffic goes to it. Only entries the kernel has just confirmed
+    (REACHABLE) or that were pinned (PERMANENT) are judged: no entry, a STALE one, or facts from before neighbours
+    were collected leave the address unjudged."""
     owner = {str(n["mac"]).lower(): (host, n.get("name")) for host in hosts
              for n in facts[host].get("netdevs") or [] if n.get("mac")}
     found = []
@@ -549,7 +555,8 @@ def cabling(hosts: Sequence[str], facts: Mapping[str, Mapping],
         entries = facts[here].get("neighbours")
         if not isinstance(entries, list):
             continue
-        by_address = {e.get("ip"): e for e in entries if isinstance(e, Mapping)}
+        by_address = {e.get("ip"): e for e in entries
+                      if isinstance(e, Mapping) and e.get("state") in JUDGED_NEIGHBOUR_STATES}
         for peer in hosts:
             own = _macs(facts[peer])
             if peer == here or not own:
@@ -571,7 +578,7 @@ def cabling(hosts: Sequence[str], facts: Mapping[str, Mapping],
                         f"{entry.get('netdev')}, which is {whose}, not {peer}",
                         f"another machine answers for {address}: a duplicate address or a cable in the wrong port; "
                         f"find who holds it (`ip -br addr` on each node, the switch's MAC table), correct it, then "
-                        f"`ip neigh flush to {address}` on {here} and run playbooks/fabric.yml"))
+                        f"`ip neigh del {address} dev {entry.get('netdev')}` on {here} and run playbooks/fabric.yml"))
     return found
 
 
