@@ -2,7 +2,10 @@
 
 `make test` runs pytest-xdist with one file per worker at a time (--dist loadfile) and without xdist's own reorder
 (which puts files with many tests first, so a file of one long role run started last and ran alone at the end).
-Handing out the longest files first lets the workers finish together.
+Handing out the longest files first lets the workers finish together. The files that need the vLLM parser venv
+(fixture `vllm_python`) come right after the other slow files: as soon as the selection needs that venv, one worker
+starts building it in the background while it collects, so on a fresh machine (where the build takes a minute or
+two) no worker waits for it at the start; the fixture then waits for that build, or builds the venv itself.
 
 `@pytest.mark.slow(seconds)` marks a test that costs real time here (a role run on localhost, the vLLM parser
 venv, a real sshd or router, network namespaces), with about how many seconds it took on the 2-core development
@@ -31,6 +34,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 BUILD_PARSER_VENV = REPO / "scripts" / "build-vllm-parser-venv"
+PARSER_VLLM_VERSION = "0.33.0"
+_BACKGROUND: list[subprocess.Popen] = []  # the background parser venv build (kept, so it is not reported as lost)
 # The fixtures whose users are slow, with about what one such test costs on 2 cores (orders the files only).
 SLOW_FIXTURES = {"vllm_python": 60.0, "ansible_playbook": 10.0}
 
@@ -68,9 +73,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     weight: dict[str, float] = {}
     for item in items:
         weight[_file(item)] = weight.get(_file(item), 0.0) + _seconds(item)
+    parser = {_file(item) for item in items if "vllm_python" in getattr(item, "fixturenames", ())}
     first_seen = {name: index for index, name in enumerate(dict.fromkeys(_file(item) for item in items))}
     # Stable: the tests of a file keep their order, and unmarked files keep theirs after the marked ones.
-    items.sort(key=lambda item: (-weight[_file(item)], first_seen[_file(item)]))
+    items.sort(key=lambda item: (_band(_file(item), weight, parser), -weight[_file(item)], first_seen[_file(item)]))
+    if parser:
+        _start_parser_venv_build()
+
+
+def _band(name: str, weight: dict[str, float], parser: set[str]) -> int:
+    """0: slow files that need no parser venv; 1: those that need it (its build has a head start); 2: the rest."""
+    if name in parser:
+        return 1
+    return 0 if weight[name] > 0 else 2
+
+
+def _start_parser_venv_build() -> None:
+    """Start building the vLLM parser venv in the background, once per run (the first worker, or the only process).
+
+    The build script takes a lock per venv and returns at once when the venv is complete, so a build already under
+    way, or a second caller, costs nothing; its output goes to a log next to the venvs. The `vllm_python` fixture runs
+    the same script and waits on the same lock; if this build failed, the fixture's own run says why."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    root = Path(os.environ.get("TWINSPARK_VLLM_PARSER_VENV_ROOT", "/var/tmp/twinspark-vllm-parser-venv"))
+    with contextlib.suppress(OSError):
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / "background-build.log", "wb") as log:
+            _BACKGROUND.append(subprocess.Popen([str(BUILD_PARSER_VENV), PARSER_VLLM_VERSION], stdin=subprocess.DEVNULL,
+                                                stdout=log, stderr=log, start_new_session=True))
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +131,8 @@ def ansible_playbook() -> Path:
 def vllm_python() -> Path:
     """The vLLM parser venv's python (scripts/build-vllm-parser-venv: vllm==0.33.0 --no-deps, a CPU torch, what
     vLLM's CLI imports), built once and cached under /var/tmp. Asking for it marks the test slow."""
-    done = subprocess.run([str(BUILD_PARSER_VENV), "0.33.0"], capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([str(BUILD_PARSER_VENV), PARSER_VLLM_VERSION], capture_output=True, text=True,
+                          timeout=1800)
     if done.returncode == 3:
         pytest.skip(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, f"scripts/build-vllm-parser-venv failed:\n{done.stderr[-4000:]}"
