@@ -14,6 +14,7 @@ runpy.run_path(str(Path(__file__).resolve().with_name("_pythonpath") / "__init__
 
 from ansible.errors import AnsibleFilterError
 from twinspark import budget, envfile, group, nodeenv, recipe, settings, tls, wheelhouse
+from twinspark.fabric import links
 from twinspark.fleet import rules as fleet
 
 # Parsed once, when the plugin loads: callback_plugins/twinspark_plugin_preload.py loads it in ansible-playbook's own
@@ -140,6 +141,26 @@ def twinspark_fabric_cables(host_name, *args):
         return []
     found = group.read(group.GROUP_GROUP, members, _plain_hostvars(all_hostvars, groups), groups)
     return [] if found.problems else group.cable_interfaces(found, host, profile)
+
+
+def twinspark_rdma_targets(host_name, devices, *args):
+    """The ib_write_bw runs host_name (rank 0) makes on gb10, one per HCA of `devices` and peer its fabric reaches
+    (rule: twinspark.fabric.links.rdma_targets): {peer, device, twin, address, port}. A peer's addresses: on a mesh or
+    ring its cable ends towards host_name, else its spark_fabric_interfaces, else its twinspark_fabric_address, e.g.
+    inventory_hostname | twinspark_rdma_targets(devices, groups, hostvars)."""
+    _, groups, all_hostvars = _split_args(args)
+    host = str(host_name)
+    peer_addresses = {}
+    for peer in twinspark_fabric_peers(host, groups, all_hostvars):
+        own = all_hostvars[peer]
+        cabled = [entry["address"] for entry in twinspark_fabric_cables(peer, groups, all_hostvars, "gb10")
+                  if entry["peer"] == host]
+        interfaces = [entry.get("address") for entry in own.get("spark_fabric_interfaces") or []]
+        peer_addresses[peer] = cabled or interfaces or [own.get("twinspark_fabric_address")]
+    try:
+        return links.rdma_targets(peer_addresses, [str(device) for device in devices])
+    except ValueError as error:
+        raise AnsibleFilterError(f"twinspark_rdma_targets: {error}") from error
 
 
 def twinspark_group_problems(all_hostvars, groups, scope="serving"):
@@ -334,6 +355,7 @@ class FilterModule:
             "twinspark_peer_addresses": twinspark_peer_addresses,
             "twinspark_fabric_peers": twinspark_fabric_peers,
             "twinspark_fabric_cables": twinspark_fabric_cables,
+            "twinspark_rdma_targets": twinspark_rdma_targets,
             "twinspark_group_problems": twinspark_group_problems,
             "twinspark_pair_problems": twinspark_pair_problems,
             "twinspark_env_file": twinspark_env_file,

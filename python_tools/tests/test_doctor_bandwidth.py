@@ -93,6 +93,18 @@ def test_the_record_judges_the_all_reduce_and_each_port_against_its_own_mark():
     assert slow["passed"] is False and slow["all_reduce"]["passed"] is False
 
 
+def test_a_groups_record_names_the_rank_each_port_was_measured_against():
+    facts = head()
+    ports = [{"device": "rocep1s0f0", "peer": peer, "rc": 0, "gbps": gbps, "min_gbps": 80.0}
+             for peer, gbps in (("node2", 97.3), ("node3", 95.0), ("node4", 12.5))]
+    record = FILTERS.twinspark_bandwidth_record(bench_result(23.74), ports, json.dumps(facts), rules.settings_of(facts),
+                                                9000, "t1")
+    assert record["passed"] is False and [p["passed"] for p in record["ports"]] == [True, True, False]
+    assert FILTERS.twinspark_bandwidth_summary(record) == (
+        "all_reduce nccl peak 23.74 GB/s of 21.875 GB/s, rocep1s0f0 to node2 97.3 of 80 Gb/s, rocep1s0f0 to node3 "
+        "95.0 of 80 Gb/s, rocep1s0f0 to node4 12.5 of 80 Gb/s (t1)")
+
+
 def test_a_benchmark_that_failed_keeps_why():
     failed = {"rc": 1, "stdout": "", "stderr": "[W socket.cpp] warning\ntwinspark fabric bench: all_reduce with "
                                                  "nccl to 192.168.100.10:29610 failed: timeout\n"}

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 from twinspark import group, inventory, monitoring, recipe
 from twinspark.fabric import links
@@ -406,3 +407,40 @@ def test_site_yml_refuses_a_ring_group_naming_what_configures_it(tmp_path):
     found = _filters().twinspark_pair_problems(host_vars, groups)
     assert len(found) == 1 and found[0].startswith("group twinspark_group is a ring: site.yml serves a group through "
                                                    "a switch so far")
+
+
+HCAS = ["rocep1s0f0", "roceP2p1s0f0"]
+
+
+def test_rank_0_measures_each_hca_against_every_rank_its_fabric_reaches():
+    """playbooks/fabric-check.yml's ib_write_bw runs (gb10): through a switch each HCA against every other rank, each
+    run on its own TCP port; a pair's worker on the address of the same twin; a peer without an address is named."""
+    filters = _filters()
+    host_vars, groups = _group_inventory(4)
+    targets = filters.twinspark_rdma_targets("node1", HCAS, groups, host_vars)
+    assert [(t["peer"], t["device"], t["address"]) for t in targets] == [
+        (peer, hca, host_vars[peer]["twinspark_fabric_address"])
+        for peer in ("node2", "node3", "node4") for hca in HCAS]
+    assert [t["port"] for t in targets] == list(range(links.RDMA_FIRST_PORT, links.RDMA_FIRST_PORT + 6))
+    pair_vars = {"head": {"spark_fabric_interfaces": [{"name": "a", "address": "10.9.0.1"},
+                                                      {"name": "b", "address": "10.9.1.1"}]},
+                 "worker": {"spark_fabric_interfaces": [{"name": "a", "address": "10.9.0.2"},
+                                                        {"name": "b", "address": "10.9.1.2"}]}}
+    pair_groups = {"all": ["head", "worker"], "twinspark_pair": ["head", "worker"], "twinspark_head": ["head"],
+                   "twinspark_worker": ["worker"]}
+    assert [(t["peer"], t["device"], t["address"]) for t in
+            filters.twinspark_rdma_targets("head", HCAS, pair_groups, pair_vars)] == [
+        ("worker", "rocep1s0f0", "10.9.0.2"), ("worker", "roceP2p1s0f0", "10.9.1.2")]
+    del host_vars["node3"]["twinspark_fabric_address"]
+    with pytest.raises(AnsibleFilterError, match="node3: no fabric address to measure ib_write_bw against"):
+        filters.twinspark_rdma_targets("node1", HCAS, groups, host_vars)
+
+
+def test_on_a_mesh_rank_0_measures_each_cabled_rank_on_that_cables_far_end(tmp_path):
+    filters = _filters()
+    host_vars, groups = _sim_group_inventory(tmp_path, 3, "mesh")
+    mine = filters.twinspark_fabric_cables("node1", groups, host_vars, "gb10")
+    far_ends = {(entry["peer"], entry["twin"]): entry["peer_address"] for entry in mine}
+    targets = filters.twinspark_rdma_targets("node1", HCAS, groups, host_vars)
+    assert [(t["peer"], t["device"]) for t in targets] == [(peer, hca) for peer in ("node2", "node3") for hca in HCAS]
+    assert [t["address"] for t in targets] == [far_ends[(t["peer"], t["twin"])] for t in targets]

@@ -53,7 +53,8 @@ def why_due(record: object, current: str, requested: bool = False) -> str:
 def make_record(all_reduce: Mapping, ports: Sequence[Mapping], fingerprint_now: str, checked_at: str,
                 profile: str) -> dict[str, object]:
     """The record a node keeps: `all_reduce` is `twinspark fabric bench --json`'s report (or {rc, error} when it
-    failed), `ports` the head's ib_write_bw results ({device, gbps, min_gbps, rc}), each judged against its own mark."""
+    failed), `ports` the head's ib_write_bw results ({device, peer, gbps, min_gbps, rc}: one per HCA and rank it
+    reaches), each judged against its own mark."""
     ports_judged = [{**port, "passed": port.get("rc") == 0 and float(port.get("gbps") or 0) >= float(port["min_gbps"])}
                     for port in ports]
     reduce_passed = all_reduce.get("rc") == 0 and all_reduce.get("passed") is not False
@@ -78,6 +79,6 @@ def summary(record: Mapping) -> str:
         mark = f" of {reduce['threshold_gbps']:g} GB/s" if reduce.get("threshold_gbps") is not None else \
             " (report only)"
         parts = [f"all_reduce {reduce.get('backend')} peak {reduce['peak_busbw_gbps']:.2f} GB/s{mark}"]
-    parts += [f"{p.get('device')} {float(p.get('gbps') or 0):.1f} of {float(p['min_gbps']):g} Gb/s"
-              for p in record.get("ports") or []]
+    parts += [f"{p.get('device')}{' to ' + str(p['peer']) if p.get('peer') else ''} "
+              f"{float(p.get('gbps') or 0):.1f} of {float(p['min_gbps']):g} Gb/s" for p in record.get("ports") or []]
     return ", ".join(parts) + f" ({record.get('checked_at')})"

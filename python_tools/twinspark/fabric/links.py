@@ -183,3 +183,26 @@ def ping_targets(peers: Sequence[str], plan: Sequence[Mapping[str, object]],
                 targets.append({"peer": peer, "name": interface["name"], "address": theirs[index]["address"]})
     return targets
 
+
+
+RDMA_FIRST_PORT = 18515  # ib_write_bw's own default TCP port; each run of one check takes the next
+
+
+def rdma_targets(peer_addresses: Mapping[str, Sequence[str]], devices: Sequence[str],
+                 first_port: int = RDMA_FIRST_PORT) -> list[dict[str, object]]:
+    """The ib_write_bw runs rank 0 makes (gb10): every HCA of its selector (`devices`, in order) against every peer
+    its fabric reaches (`peer_addresses`, in rank order: on a pair the worker, through a switch every other rank, on
+    a mesh or ring the ranks cabled to it), the device at index i to the peer's address at index i (its first when it
+    has fewer), each run on a TCP port of its own. A peer without an address is refused by name: the check would
+    otherwise pass without measuring it."""
+    targets: list[dict[str, object]] = []
+    for peer, addresses in peer_addresses.items():
+        usable = [str(address) for address in addresses if address]
+        if not usable:
+            raise ValueError(f"{peer}: no fabric address to measure ib_write_bw against (twinspark_fabric_address or "
+                             "spark_fabric_interfaces in the inventory)")
+        for index, device in enumerate(devices):
+            targets.append({"peer": str(peer), "device": str(device), "twin": index,
+                            "address": usable[index] if index < len(usable) else usable[0],
+                            "port": first_port + len(targets)})
+    return targets
