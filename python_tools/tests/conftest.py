@@ -77,7 +77,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     first_seen = {name: index for index, name in enumerate(dict.fromkeys(_file(item) for item in items))}
     # Stable: the tests of a file keep their order, and unmarked files keep theirs after the marked ones.
     items.sort(key=lambda item: (_band(_file(item), weight, parser), -weight[_file(item)], first_seen[_file(item)]))
-    if parser:
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # After every deselection (`-m "not slow"`, `-k`): only a run that will ask for the parser venv builds it.
+    if any("vllm_python" in getattr(item, "fixturenames", ()) for item in session.items):
         _start_parser_venv_build()
 
 
