@@ -49,7 +49,7 @@ def evaluator(source):
         **loader.load_from_file(str(ROOT / "roles/model_cache/defaults/main.yml"), trusted_as_template=True),
     }
     fabric_check = loader.load_from_file(str(ROOT / "playbooks/fabric-check.yml"), trusted_as_template=True)
-    play_vars = {**fabric_check[0]["vars"], "fabric_check_worker": fabric_check[1]["vars"]["fabric_check_worker"]}
+    play_vars = {**fabric_check[0]["vars"], "fabric_check_devices": fabric_check[1]["vars"]["fabric_check_devices"]}
     peers = _task_expression("roles/spark_fabric/tasks/plan.yml", "Record this node's fabric plan, so its peers can "
                              "read it", "spark_fabric_peers")
     peer = peers.replace("}}", "| first | default('') }}")  # a pair's node: its one peer
@@ -88,7 +88,10 @@ def test_each_fleet_node_resolves_its_own_pair(fleet_eval, host):
     assert fleet_eval(host, "{{ model_cache_head }}") == head
     assert fleet_eval(host, "{{ spark_fabric_peer_rule }}") == peer
     assert fleet_eval(host, "{{ fabric_check_master }}") == master
-    assert fleet_eval(host, "{{ fabric_check_worker }}") == worker
+    # the head's ib_write_bw runs (gb10) go to its own pair's worker, one per HCA of the selector
+    targets = fleet_eval(host, "{{ inventory_hostname | twinspark_rdma_targets(fabric_check_devices, groups, "
+                               "hostvars) }}")
+    assert [target["peer"] for target in targets] == [peer, peer]
 
 
 def test_a_one_pair_inventory_with_two_heads_reports_its_problem(tmp_path):
