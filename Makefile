@@ -43,9 +43,9 @@ lint: setup
 # fixtures (a role run on localhost, the vLLM parser venv) are built once; PYTEST_WORKERS=0 runs in one process. The
 # workers often wait (on ansible-playbook's forks, on sockets, on sleeps), so a third worker on 2 cores fills that
 # time: the whole suite, warm and without lint beside it, took 383 s with 2 workers and 324 s with 3 (2026-12-07).
-# The files with the most `slow`-marked seconds are handed out first (tests/conftest.py; --no-loadscope-reorder keeps that order), so the
-# workers finish together. `make unit-fast` leaves the slow tests out, for a quick round; `make test` runs them all
-# and lists its 15 slowest steps (what to look at when it grows).
+# The files with the most `slow`-marked seconds are handed out first (tests/conftest.py; --no-loadscope-reorder keeps
+# that order), so the workers finish together. `make unit-fast` leaves the slow tests out, for a quick round;
+# `make test` runs them all and lists its 15 slowest steps (what to look at when it grows).
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 unit: setup
