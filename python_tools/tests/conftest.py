@@ -4,8 +4,9 @@
 (which puts files with many tests first, so a file of one long role run started last and ran alone at the end).
 Handing out the longest files first lets the workers finish together. The files that need the vLLM parser venv
 (fixture `vllm_python`) come right after the other slow files: as soon as the selection needs that venv, one worker
-starts building it in the background once its collection is done, so on a fresh machine (where the build takes a minute or
-two) no worker waits for it at the start; the fixture then waits for that build, or builds the venv itself.
+starts building it in the background once its collection is done, so on a fresh machine (where the build takes a
+minute or two) no worker waits for it at the start; the fixture then waits for that build, or builds the venv
+itself.
 
 `@pytest.mark.slow(seconds)` marks a test that costs real time here (a role run on localhost, the vLLM parser
 venv, a real sshd or router, network namespaces), with about how many seconds it took on the 2-core development
