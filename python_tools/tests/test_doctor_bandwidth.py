@@ -103,6 +103,12 @@ def test_a_groups_record_names_the_rank_each_port_was_measured_against():
     assert FILTERS.twinspark_bandwidth_summary(record) == (
         "all_reduce nccl peak 23.74 GB/s of 21.875 GB/s, rocep1s0f0 to node2 97.3 of 80 Gb/s, rocep1s0f0 to node3 "
         "95.0 of 80 Gb/s, rocep1s0f0 to node4 12.5 of 80 Gb/s (t1)")
+    # a pair's record, each port measured against its one worker: the line it always had
+    pair = FILTERS.twinspark_bandwidth_record(bench_result(23.74), [{**ports[0], "device": device} for device in
+                                                                    ("rocep1s0f0", "roceP2p1s0f0")],
+                                              json.dumps(facts), rules.settings_of(facts), 9000, "t2")
+    assert FILTERS.twinspark_bandwidth_summary(pair) == (
+        "all_reduce nccl peak 23.74 GB/s of 21.875 GB/s, rocep1s0f0 97.3 of 80 Gb/s, roceP2p1s0f0 97.3 of 80 Gb/s (t2)")
 
 
 def test_a_benchmark_that_failed_keeps_why():

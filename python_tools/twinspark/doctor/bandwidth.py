@@ -79,6 +79,9 @@ def summary(record: Mapping) -> str:
         mark = f" of {reduce['threshold_gbps']:g} GB/s" if reduce.get("threshold_gbps") is not None else \
             " (report only)"
         parts = [f"all_reduce {reduce.get('backend')} peak {reduce['peak_busbw_gbps']:.2f} GB/s{mark}"]
-    parts += [f"{p.get('device')}{' to ' + str(p['peer']) if p.get('peer') else ''} "
-              f"{float(p.get('gbps') or 0):.1f} of {float(p['min_gbps']):g} Gb/s" for p in record.get("ports") or []]
+    ports = record.get("ports") or []
+    # A pair's line stays as it was; a group's names the rank each figure was measured against.
+    named = len({p.get("peer") for p in ports if p.get("peer")}) > 1
+    parts += [f"{p.get('device')}{' to ' + str(p['peer']) if named and p.get('peer') else ''} "
+              f"{float(p.get('gbps') or 0):.1f} of {float(p['min_gbps']):g} Gb/s" for p in ports]
     return ", ".join(parts) + f" ({record.get('checked_at')})"

@@ -184,7 +184,6 @@ def ping_targets(peers: Sequence[str], plan: Sequence[Mapping[str, object]],
     return targets
 
 
-
 RDMA_FIRST_PORT = 18515  # ib_write_bw's own default TCP port; each run of one check takes the next
 
 
